@@ -1,0 +1,704 @@
+"""Tests for shardsearch._hlo: collectives and their bytes from compiled HLO text."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardsearch._hlo import (
+    COLLECTIVE_KINDS,
+    Collective,
+    CollectiveSummary,
+    parse_collectives,
+)
+
+# --- hand-written modules ---------------------------------------------------
+
+ADD = """\
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+"""
+
+
+def module(*lines, header="HloModule m, num_partitions=8", computations=""):
+    """A module whose ENTRY holds parameter %p = f32[8,128] and then `lines`."""
+    body = "\n".join(f"  {line}" for line in lines)
+    text = f"{ADD}\n{computations}\n"
+    text += "ENTRY %main (p: f32[8,128]) -> f32[8,128] {\n"
+    text += f"  %p = f32[8,128]{{1,0}} parameter(0)\n{body}\n}}\n"
+    return f"{header}\n\n{text}" if header else text
+
+
+def only(text):
+    collectives = parse_collectives(text).collectives
+    assert len(collectives) == 1, collectives
+    return collectives[0]
+
+
+GROUP8 = "replica_groups={{0,1,2,3,4,5,6,7}}"
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ("f32[8,128]{1,0}", 8 * 128 * 4),
+        ("bf16[8,128]{1,0}", 8 * 128 * 2),
+        ("f16[2,2]", 8),
+        ("f64[3]{0}", 24),
+        ("s8[10]{0}", 10),
+        ("u8[10]{0}", 10),
+        ("s16[4]{0}", 8),
+        ("u16[4]{0}", 8),
+        ("s32[]", 4),
+        ("u32[5]{0}", 20),
+        ("s64[2]{0}", 16),
+        ("u64[2]{0}", 16),
+        ("pred[]", 1),
+        ("pred[7]{0}", 7),
+        ("c64[2]{0}", 16),
+        ("c128[2]{0}", 32),
+        ("f8e4m3fn[16]{0}", 16),
+        ("f8e5m2[16]{0}", 16),
+        ("f32[8,128]{1,0:S(1)}", 8 * 128 * 4),
+        ("f32[8,128]{1,0:T(8,128)S(1)}", 8 * 128 * 4),
+        ("f32[<=8,4]{1,0}", 8 * 4 * 4),
+        ("s4[10]{0}", 10),
+        ("s4[10]{0:E(4)}", 5),
+        ("(f32[4]{0}, f32[4]{0})", 32),
+        ("(f32[4]{0}, (bf16[2]{0}, s32[]))", 16 + 4 + 4),
+        ("(f32[1]{0}, f32[1]{0}, f32[1]{0}, f32[1]{0}, f32[1]{0}, /*index=5*/f32[1]{0})", 24),
+    ],
+)
+def test_bytes_of_result_shape(shape, expected):
+    line = f"%ar = {shape} all-reduce(%p), channel_id=1, {GROUP8}, to_apply=%add"
+    assert only(module(line)).bytes == expected
+
+
+def test_unknown_element_type_names_the_type_and_the_line():
+    line = f"%ar = f33[4]{{0}} all-reduce(%p), {GROUP8}, to_apply=%add"
+    with pytest.raises(ValueError, match=r"unknown HLO element type 'f33'.*%ar = f33\[4\]"):
+        parse_collectives(module(line))
+
+
+# Lines marked "CPU" are copied from jax 0.10.2's compiled CPU text.
+@pytest.mark.parametrize(
+    ("groups", "expected"),
+    [
+        ("replica_groups={{0,1,2,3},{4,5,6,7}}", 4),  # CPU, shard_map
+        ("replica_groups={{0,4},{1,5},{2,6},{3,7}}", 2),  # CPU, shard_map
+        ("replica_groups=[2,4]<=[8]", 4),
+        ("replica_groups=[4,2]<=[2,4]T(1,0)", 2),
+        ("replica_groups=[1,8]<=[8]", 8),
+        ("replica_groups={}", 8),
+        ("use_global_device_ids=true", 8),  # no replica_groups at all: every device
+        (  # CPU, jit with NamedSharding
+            "replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], "
+            "device_ids=([2,4]T(1,0)) {'axis_1'}",
+            4,
+        ),
+        ("replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}", 2),  # CPU
+        ("replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0','axis_1'}", 8),
+        ("replica_groups=mesh[a=8] {a:(1)2}", 2),
+        ("replica_groups=mesh['a'=2,'b'=4] {}", 1),
+        ("replica_groups=maximal_mesh[device_id=0] {}", 1),
+    ],
+)
+def test_group_size_of_each_replica_group_syntax(groups, expected):
+    line = f"%ar = f32[8,128]{{1,0}} all-reduce(%p), channel_id=1, {groups}, to_apply=%add"
+    assert only(module(line)).group_size == expected
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("HloModule m", 1),  # XLA prints neither count when it is 1
+        ("HloModule m, num_partitions=8", 8),
+        ("HloModule m, is_scheduled=true, replica_count=2, num_partitions=4", 8),
+    ],
+)
+def test_empty_replica_groups_mean_every_device(header, expected):
+    line = "%ar = f32[8,128]{1,0} all-reduce(%p), replica_groups={}, to_apply=%add"
+    summary = parse_collectives(module(line, header=header))
+    assert summary.num_devices == expected
+    assert summary.collectives[0].group_size == expected
+    assert summary.unknown_group_sizes == ()
+
+
+def test_empty_replica_groups_without_header_are_recorded_as_unknown():
+    line = "%ar = f32[8,128]{1,0} all-reduce(%p), replica_groups={}, to_apply=%add"
+    summary = parse_collectives(module(line, header=None))
+    assert summary.num_devices is None
+    assert summary.collectives[0].group_size == 1
+    assert summary.unknown_group_sizes == ("ar",)
+    assert summary.transferred_bytes() == 0
+
+
+@pytest.mark.parametrize(
+    ("pairs", "expected"),
+    [
+        ("{{0,1},{1,0}}", 2),
+        ("{{0,1},{4,5},{1,2},{5,6},{2,3},{6,7},{3,0},{7,4}}", 8),  # CPU, jnp.roll
+        ("{{0,0},{1,1}}", 1),  # every device keeps its own data
+    ],
+)
+def test_collective_permute_group_from_source_target_pairs(pairs, expected):
+    line = (
+        f"%cp = f32[1,128]{{1,0}} collective-permute(%p), channel_id=1, source_target_pairs={pairs}"
+    )
+    collective = only(module(line))
+    assert (collective.kind, collective.bytes, collective.group_size) == (
+        "collective-permute",
+        512,
+        expected,
+    )
+    assert collective.transferred_bytes() == (512 if expected > 1 else 0)
+
+
+def test_tuple_results_are_summed():
+    text = module(
+        f"%ar = (f32[4]{{0}}, bf16[8]{{0}}) all-reduce(%p, %p), {GROUP8}, to_apply=%add",
+        "%s = f32[2,32]{1,0} slice(%p), slice={[0:2], [0:32]}",
+        "%a2a = (f32[2,32]{1,0}, f32[2,32]{1,0}, f32[2,32]{1,0}, f32[2,32]{1,0}) "
+        "all-to-all(%s, %s, %s, %s), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}",
+        "%gte = f32[2,32]{1,0} get-tuple-element(%a2a), index=0",
+    )
+    assert [(c.kind, c.bytes) for c in parse_collectives(text).collectives] == [
+        ("all-reduce", 32),
+        ("all-to-all", 4 * 2 * 32 * 4),
+    ]
+
+
+# --- asynchronous forms -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start", "done", "kind", "expected"),
+    [
+        (
+            f"%s = f32[8,128]{{1,0}} all-reduce-start(%p), channel_id=1, {GROUP8}, to_apply=%add",
+            "%d = f32[8,128]{1,0} all-reduce-done(%s)",
+            "all-reduce",
+            4096,
+        ),
+        (  # variadic: the result is the tuple of outputs
+            f"%s = (f32[4]{{0}}, f32[8]{{0}}) all-reduce-start(%p, %p), {GROUP8}, to_apply=%add",
+            "%d = (f32[4]{0}, f32[8]{0}) all-reduce-done(%s)",
+            "all-reduce",
+            48,
+        ),
+        (  # wrapped by the generic async machinery: ((operands), output)
+            f"%s = ((f32[8,128]{{1,0}}), f32[8,128]{{1,0}}) all-reduce-start(%p), {GROUP8}, "
+            "to_apply=%add",
+            "%d = f32[8,128]{1,0} all-reduce-done(%s)",
+            "all-reduce",
+            4096,
+        ),
+        (
+            "%s = (f32[2,128]{1,0}, f32[8,128]{1,0}) all-gather-start(%p), channel_id=1, "
+            "replica_groups=[2,4]<=[8], dimensions={0}, use_global_device_ids=true",
+            "%d = f32[8,128]{1,0} all-gather-done(%s)",
+            "all-gather",
+            4096,
+        ),
+        (
+            "%s = (f32[8,128]{1,0}, f32[8,128]{1,0}, u32[], u32[]) collective-permute-start(%p),"
+            " channel_id=1, source_target_pairs={{0,1},{1,0}}",
+            "%d = f32[8,128]{1,0} collective-permute-done(%s)",
+            "collective-permute",
+            4096,
+        ),
+        (
+            "%s = ((f32[8,128]{1,0}), f32[2,128]{1,0}) reduce-scatter-start(%p), channel_id=1, "
+            "replica_groups=[2,4]<=[8], dimensions={0}, to_apply=%add",
+            "%d = f32[2,128]{1,0} reduce-scatter-done(%s)",
+            "reduce-scatter",
+            1024,
+        ),
+        (
+            "%s = ((f32[8,128]{1,0}), f32[8,128]{1,0}) all-to-all-start(%p), "
+            "replica_groups=[2,4]<=[8], dimensions={0}",
+            "%d = f32[8,128]{1,0} all-to-all-done(%s)",
+            "all-to-all",
+            4096,
+        ),
+    ],
+)
+def test_async_start_done_counts_once_with_the_output_bytes(start, done, kind, expected):
+    collective = only(module(start, done))
+    assert (collective.kind, collective.bytes, collective.name) == (kind, expected, "s")
+
+
+def test_async_start_wrapper_counts_the_wrapped_collective_once():
+    wrapped = """\
+%wrapped_all_gather (q: f32[2,128]) -> f32[8,128] {
+  %q = f32[2,128]{1,0} parameter(0)
+  ROOT %ag = f32[8,128]{1,0} all-gather(%q), channel_id=1, replica_groups=[2,4]<=[8], dimensions={0}
+}
+"""
+    text = module(
+        "%s = f32[2,128]{1,0} slice(%p), slice={[0:2], [0:128]}",
+        "%ags = ((f32[2,128]{1,0}), f32[8,128]{1,0}, s32[]) async-start(%s), "
+        'calls=%wrapped_all_gather, async_execution_thread="main"',
+        "%agu = ((f32[2,128]{1,0}), f32[8,128]{1,0}, s32[]) async-update(%ags), "
+        "calls=%wrapped_all_gather",
+        "ROOT %agd = f32[8,128]{1,0} async-done(%agu), calls=%wrapped_all_gather",
+        computations=wrapped,
+    )
+    assert only(text) == Collective(
+        kind="all-gather",
+        bytes=4096,
+        group_size=4,
+        count=1,
+        computation="wrapped_all_gather",
+        name="ag",
+    )
+
+
+# --- call graph and loops ---------------------------------------------------
+
+
+def loop_module(
+    *, init=0, limit=5, step=1, direction="LT", swap=False, known=None, in_condition=False
+):
+    """ENTRY runs `for (i = init; i <direction> limit; i += step)` around an all-reduce."""
+    compare = "%n, %j" if swap else "%j, %n"
+    if swap:
+        direction = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}[direction]
+    cond_ar = f"  %car = f32[] all-reduce(%n), {GROUP8}, to_apply=%add\n" if in_condition else ""
+    config = f', backend_config={{"known_trip_count":{{"n":"{known}"}}}}' if known else ""
+    loops = f"""\
+%body (a: (s32[], f32[8,128])) -> (s32[], f32[8,128]) {{
+  %a = (s32[], f32[8,128]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%a), index=0
+  %x = f32[8,128]{{1,0}} get-tuple-element(%a), index=1
+  %ar = f32[8,128]{{1,0}} all-reduce(%x), channel_id=1, {GROUP8}, to_apply=%add
+  %step = s32[] constant({step})
+  %next = s32[] add(%i, %step)
+  ROOT %t = (s32[], f32[8,128]{{1,0}}) tuple(%next, %ar)
+}}
+
+%cond (b: (s32[], f32[8,128])) -> pred[] {{
+  %b = (s32[], f32[8,128]{{1,0}}) parameter(0)
+  %j = s32[] get-tuple-element(%b), index=0
+  %n = s32[] constant({limit})
+{cond_ar}  ROOT %cmp = pred[] compare({compare}), direction={direction}
+}}
+"""
+    return module(
+        f"%init = s32[] constant({init})",
+        "%tuple = (s32[], f32[8,128]{1,0}) tuple(%init, %p)",
+        f"%while = (s32[], f32[8,128]{{1,0}}) while(%tuple), condition=%cond, body=%body{config}",
+        "ROOT %out = f32[8,128]{1,0} get-tuple-element(%while), index=1",
+        computations=loops,
+    )
+
+
+def test_known_trip_count_multiplies_the_body():
+    summary = parse_collectives(loop_module(limit=99, known=12))
+    assert [(c.computation, c.count) for c in summary.collectives] == [("body", 12)]
+    assert summary.unknown_trip_counts == ()
+
+
+def test_condition_runs_once_more_than_the_body():
+    summary = parse_collectives(loop_module(known=5, in_condition=True))
+    assert [(c.name, c.count) for c in summary.collectives] == [("ar", 5), ("car", 6)]
+
+
+@pytest.mark.parametrize(
+    ("init", "limit", "step", "direction", "swap", "trips"),
+    [
+        (0, 5, 1, "LT", False, 5),
+        (0, 5, 1, "LT", True, 5),
+        (2, 9, 1, "LT", False, 7),
+        (0, 10, 3, "LT", False, 4),
+        (0, 5, 1, "LE", False, 6),
+        (10, 0, -2, "GT", False, 5),
+        (10, 0, -2, "GE", True, 6),
+    ],
+)
+def test_trip_count_derived_from_the_condition(init, limit, step, direction, swap, trips):
+    text = loop_module(init=init, limit=limit, step=step, direction=direction, swap=swap)
+    summary = parse_collectives(text)
+    assert [c.count for c in summary.collectives] == [trips]
+    assert summary.unknown_trip_counts == ()
+
+
+def test_loop_that_never_runs_contributes_nothing():
+    assert parse_collectives(loop_module(init=5, limit=5)).collectives == ()
+
+
+def test_underivable_trip_count_counts_once_and_is_recorded():
+    # Stepping away from the limit: not a counted loop this parser can size.
+    summary = parse_collectives(loop_module(step=-1))
+    assert [c.count for c in summary.collectives] == [1]
+    assert summary.unknown_trip_counts == ("body",)
+
+
+def _nested_loops(annotate):
+    """An outer loop of 4 trips (all-gather) around an inner one of 3 (all-reduce)."""
+
+    def config(n):
+        return f', backend_config={{"known_trip_count":{{"n":"{n}"}}}}' if annotate else ""
+
+    def loop(name, limit, inner):
+        return f"""\
+%{name}_cond (c: (s32[], f32[8,128])) -> pred[] {{
+  %c = (s32[], f32[8,128]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant({limit})
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}}
+
+%{name}_body (b: (s32[], f32[8,128])) -> (s32[], f32[8,128]) {{
+  %b = (s32[], f32[8,128]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%b), index=0
+  %x = f32[8,128]{{1,0}} get-tuple-element(%b), index=1
+{inner}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[8,128]{{1,0}}) tuple(%next, %y)
+}}
+"""
+
+    inner = loop("inner", 3, f"  %y = f32[8,128]{{1,0}} all-reduce(%x), {GROUP8}, to_apply=%add")
+    outer = loop(
+        "outer",
+        4,
+        f"""\
+  %zero = s32[] constant(0)
+  %start = (s32[], f32[8,128]{{1,0}}) tuple(%zero, %x)
+  %w = (s32[], f32[8,128]{{1,0}}) while(%start), condition=%inner_cond, body=%inner_body{config(3)}
+  %r = f32[8,128]{{1,0}} get-tuple-element(%w), index=1
+  %s = f32[2,128]{{1,0}} slice(%r), slice={{[0:2], [0:128]}}
+  %y = f32[8,128]{{1,0}} all-gather(%s), replica_groups=[2,4]<=[8], dimensions={{0}}""",
+    )
+    return module(
+        "%zero = s32[] constant(0)",
+        "%start = (s32[], f32[8,128]{1,0}) tuple(%zero, %p)",
+        "%w = (s32[], f32[8,128]{1,0}) while(%start), condition=%outer_cond, "
+        f"body=%outer_body{config(4)}",
+        computations=inner + outer,
+    )
+
+
+@pytest.mark.parametrize("annotate", [True, False], ids=["known_trip_count", "derived"])
+def test_nested_loops_multiply(annotate):
+    summary = parse_collectives(_nested_loops(annotate))
+    assert [(c.kind, c.computation, c.count) for c in summary.collectives] == [
+        ("all-reduce", "inner_body", 12),
+        ("all-gather", "outer_body", 4),
+    ]
+    assert summary.bytes_by_kind()["all-reduce"] == 12 * 4096
+    assert summary.unknown_trip_counts == ()
+
+
+@pytest.mark.parametrize(
+    "branches",
+    [
+        "branch_computations={%b0, %b1}",
+        "true_computation=%b0, false_computation=%b1",
+    ],
+)
+def test_every_conditional_branch_is_counted(branches):
+    computations = "".join(
+        f"""\
+%{name} (q: f32[8,128]) -> f32[8,128] {{
+  %q = f32[8,128]{{1,0}} parameter(0)
+  ROOT %{name}_ar = f32[8,128]{{1,0}} all-reduce(%q), {GROUP8}, to_apply=%add
+}}
+"""
+        for name in ("b0", "b1")
+    )
+    text = module(
+        "%pred = pred[] constant(true)",
+        f"ROOT %c = f32[8,128]{{1,0}} conditional(%pred, %p, %p), {branches}",
+        computations=computations,
+    )
+    assert [(c.name, c.count) for c in parse_collectives(text).collectives] == [
+        ("b0_ar", 1),
+        ("b1_ar", 1),
+    ]
+
+
+def test_calls_and_fusions_are_followed_and_uncalled_computations_ignored():
+    computations = f"""\
+%callee (q: f32[8,128]) -> f32[8,128] {{
+  %q = f32[8,128]{{1,0}} parameter(0)
+  ROOT %called_ar = f32[8,128]{{1,0}} all-reduce(%q), {GROUP8}, to_apply=%add
+}}
+
+%fused (r: f32[8,128]) -> f32[8,128] {{
+  %r = f32[8,128]{{1,0}} parameter(0)
+  ROOT %neg = f32[8,128]{{1,0}} negate(%r)
+}}
+
+%never_called (u: f32[8,128]) -> f32[8,128] {{
+  %u = f32[8,128]{{1,0}} parameter(0)
+  ROOT %dead_ar = f32[8,128]{{1,0}} all-reduce(%u), {GROUP8}, to_apply=%add
+}}
+"""
+    text = module(
+        "%c = f32[8,128]{1,0} call(%p), to_apply=%callee",
+        "%f = f32[8,128]{1,0} fusion(%c), kind=kLoop, calls=%fused",
+        computations=computations,
+    )
+    assert [(c.name, c.computation) for c in parse_collectives(text).collectives] == [
+        ("called_ar", "callee")
+    ]
+
+
+def test_long_tuple_signatures_with_index_comments():
+    # XLA marks every fifth tuple element with /*index=N*/, headers included.
+    shape = ", ".join(["f32[4]"] * 5) + ", /*index=5*/f32[4]"
+    text = f"""\
+HloModule m, num_partitions=8
+
+{ADD}
+ENTRY %main (p: f32[4]) -> ({shape}) {{
+  %p = f32[4]{{0}} parameter(0)
+  ROOT %ar = ({shape}) all-reduce(%p, %p, %p, %p, %p, %p), {GROUP8}, to_apply=%add
+}}
+"""
+    assert only(text).bytes == 6 * 16
+
+
+def test_call_attributes_inside_strings_are_not_followed():
+    # Undefined, so following it would raise.
+    metadata = 'metadata={op_name="jit(f)/while body=%nowhere"}'
+    line = f"%ar = f32[8,128]{{1,0}} all-reduce(%p), {GROUP8}, to_apply=%add, {metadata}"
+    assert only(module(line)).count == 1
+
+
+# --- errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("HloModule m\n\n" + ADD, "exactly one ENTRY"),
+        (module("%c = f32[8,128]{1,0} call(%p), to_apply=%missing"), "'missing'.*not define"),
+        (module("%x = f32[8,128]{1,0} negate(%p)").rstrip().removesuffix("}"), "not closed"),
+        (
+            module("%ar = f32[4]{0} all-reduce(%p), replica_groups=<8>, to_apply=%add"),
+            "unrecognised replica_groups",
+        ),
+        (
+            module(
+                "%ar = f32[4]{0} all-reduce(%p), replica_groups=mesh['a'=8] {'b'}, to_apply=%add"
+            ),
+            "axis 'b' is not in the mesh",
+        ),
+        (module("%ar = f32[?]{0} all-reduce(%p), replica_groups={}, to_apply=%add"), "dim '\\?'"),
+    ],
+)
+def test_malformed_text_raises(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_collectives(text)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"kind": "all-sum"}, "'all-sum' is not one of"),
+        ({"bytes": -1}, "bytes=-1 is negative"),
+        ({"count": -2}, "count=-2 is negative"),
+        ({"group_size": 0}, "group_size=0 must be >= 1"),
+    ],
+)
+def test_collective_checks_its_fields(kwargs, match):
+    fields = dict(kind="all-reduce", bytes=4, group_size=2, count=1, computation="c") | kwargs
+    with pytest.raises(ValueError, match=match):
+        Collective(**fields)
+
+
+def test_summary_rejects_non_collectives():
+    with pytest.raises(TypeError, match=r"collectives\[0\] is a dict"):
+        CollectiveSummary(collectives=({"kind": "all-reduce"},))
+
+
+# --- summary arithmetic -----------------------------------------------------
+
+
+def test_bytes_by_kind_has_every_kind_in_fixed_order():
+    summary = CollectiveSummary(
+        collectives=(
+            Collective("collective-permute", 100, 2, 3, "c"),
+            Collective("all-reduce", 10, 4, 2, "c"),
+            Collective("all-reduce", 1, 4, 1, "c"),
+        )
+    )
+    assert list(summary.bytes_by_kind().items()) == [
+        ("all-reduce", 21),
+        ("all-gather", 0),
+        ("reduce-scatter", 0),
+        ("all-to-all", 0),
+        ("collective-permute", 300),
+    ]
+    assert tuple(summary.bytes_by_kind()) == COLLECTIVE_KINDS
+    assert summary.total_bytes == 321
+
+
+@pytest.mark.parametrize(
+    ("kind", "n", "size", "count", "expected"),
+    [
+        ("all-reduce", 4, 4096, 1, 2 * 3 / 4 * 4096),
+        ("all-gather", 4, 4096, 2, 2 * 3 / 4 * 4096),
+        ("reduce-scatter", 4, 1024, 1, 3 * 1024),
+        ("all-to-all", 8, 1024, 1, 7 / 8 * 1024),
+        ("collective-permute", 2, 512, 3, 3 * 512),
+        ("all-reduce", 1, 4096, 5, 0),
+        ("reduce-scatter", 1, 4096, 5, 0),
+    ],
+)
+def test_transferred_bytes_ring_factors(kind, n, size, count, expected):
+    collective = Collective(kind, size, n, count, "c")
+    assert collective.transferred_bytes() == pytest.approx(expected)
+    assert CollectiveSummary((collective, collective)).transferred_bytes() == pytest.approx(
+        2 * expected
+    )
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_all_reduce_is_reduce_scatter_then_all_gather(n):
+    # The ring all-reduce is exactly those two phases; the factors must agree.
+    full = 1024 * n
+    all_reduce = Collective("all-reduce", full, n, 1, "c").transferred_bytes()
+    scatter = Collective("reduce-scatter", full // n, n, 1, "c").transferred_bytes()
+    gather = Collective("all-gather", full, n, 1, "c").transferred_bytes()
+    assert all_reduce == pytest.approx(scatter + gather)
+
+
+# --- real compiled text on 8 simulated CPU devices --------------------------
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def compiled_text(mesh, f, in_specs, out_spec, *shapes):
+    def sharding(spec):
+        return NamedSharding(mesh, spec)
+
+    jitted = jax.jit(
+        f, in_shardings=tuple(map(sharding, in_specs)), out_shardings=sharding(out_spec)
+    )
+    args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
+    return jitted.lower(*args).compile().as_text()
+
+
+def strip_trip_counts(text):
+    return re.sub(r',?"known_trip_count":\{"n":"\d+"\}', "", text)
+
+
+def _scan_matmul(length):
+    def f(x, w):
+        return lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=length)[0]
+
+    return f
+
+
+def test_real_contracting_dim_matmul_all_reduces(mesh):
+    text = compiled_text(
+        mesh, jnp.matmul, (P(None, "tp"), P("tp", None)), P(), (16, 128), (128, 64)
+    )
+    summary = parse_collectives(text)
+    (collective,) = summary.collectives
+    assert (collective.kind, collective.bytes, collective.group_size, collective.count) == (
+        "all-reduce",
+        16 * 64 * 4,
+        4,
+        1,
+    )
+    assert summary.num_devices == 8
+    assert summary.transferred_bytes() == pytest.approx(2 * 3 / 4 * 16 * 64 * 4)
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["known_trip_count", "derived"])
+def test_real_scan_counts_every_step(mesh, strip):
+    text = compiled_text(
+        mesh, _scan_matmul(5), (P(None, "tp"), P("tp", None)), P(None, "tp"), (16, 128), (128, 128)
+    )
+    assert '"known_trip_count":{"n":"5"}' in text
+    summary = parse_collectives(strip_trip_counts(text) if strip else text)
+    (collective,) = summary.collectives
+    assert (collective.kind, collective.bytes, collective.count) == ("all-reduce", 16 * 128 * 4, 5)
+    assert summary.bytes_by_kind()["all-reduce"] == 5 * 16 * 128 * 4
+    assert summary.unknown_trip_counts == ()
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["known_trip_count", "derived"])
+def test_real_nested_scans_multiply(mesh, strip):
+    def f(x, w):
+        def outer(c, _):
+            return _scan_matmul(3)(c, w) @ w, None
+
+        return lax.scan(outer, x, None, length=4)[0]
+
+    text = compiled_text(
+        mesh, f, (P(None, "tp"), P("tp", None)), P(None, "tp"), (16, 128), (128, 128)
+    )
+    summary = parse_collectives(strip_trip_counts(text) if strip else text)
+    assert sorted(c.count for c in summary.collectives) == [4, 12]
+
+
+def test_real_replicated_output_all_gathers(mesh):
+    text = compiled_text(mesh, lambda x: x * 2, (P("dp", "tp"),), P(), (16, 128))
+    summary = parse_collectives(text)
+    assert {c.kind for c in summary.collectives} == {"all-gather"}
+    # However XLA splits the gather, the last one yields the whole array.
+    assert max(c.bytes for c in summary.collectives) == 16 * 128 * 4
+    assert all(c.group_size in (2, 4, 8) for c in summary.collectives)
+
+
+def test_real_shard_map_collectives(mesh):
+    def body(block):  # block: f32[8,32] per device
+        block = lax.ppermute(block, "tp", [(i, (i + 1) % 4) for i in range(4)])
+        block = lax.psum(block, "dp")
+        block = lax.all_gather(block, "tp", tiled=True)  # f32[32,32]
+        block = lax.psum_scatter(block, "tp", tiled=True)  # f32[8,32]
+        return lax.all_to_all(block, "tp", 0, 1, tiled=True)  # f32[2,128]
+
+    def f(x):
+        return jax.shard_map(body, mesh=mesh, in_specs=P("dp", "tp"), out_specs=P("dp", "tp"))(x)
+
+    summary = parse_collectives(compiled_text(mesh, f, (P("dp", "tp"),), P("dp", "tp"), (16, 128)))
+    got = {c.kind: (c.bytes, c.group_size, c.count) for c in summary.collectives}
+    assert got == {
+        "collective-permute": (8 * 32 * 4, 8, 1),
+        "all-reduce": (8 * 32 * 4, 2, 1),
+        "all-gather": (32 * 32 * 4, 4, 1),
+        "reduce-scatter": (8 * 32 * 4, 4, 1),
+        "all-to-all": (2 * 128 * 4, 4, 1),
+    }
+
+
+def test_real_roll_collective_permutes(mesh):
+    text = compiled_text(mesh, lambda x: jnp.roll(x, 1, axis=0), (P("tp"),), P("tp"), (16, 128))
+    (collective,) = parse_collectives(text).collectives
+    assert (collective.kind, collective.bytes) == ("collective-permute", 128 * 4)
+
+
+def test_real_data_dependent_while_is_counted_once_and_recorded(mesh):
+    def f(x, w):
+        def cond(carry):
+            return carry[1] < carry[0].sum()
+
+        def step(carry):
+            return jnp.tanh(carry[0] @ w), carry[1] + 1
+
+        return lax.while_loop(cond, step, (x, 0.0))[0]
+
+    text = compiled_text(
+        mesh, f, (P(None, "tp"), P("tp", None)), P(None, "tp"), (16, 128), (128, 128)
+    )
+    summary = parse_collectives(text)
+    assert len(summary.unknown_trip_counts) == 1
+    assert summary.collectives and all(c.count == 1 for c in summary.collectives)
