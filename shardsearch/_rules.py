@@ -236,10 +236,13 @@ class MemoryConstrainedShardingRule(ShardingRule):
 
     def __post_init__(self) -> None:
         where = "MemoryConstrainedShardingRule"
-        budget = self.max_memory_per_device
-        if isinstance(budget, str):
-            budget = parse_bytes(budget)
-        _check_positive(budget, "max_memory_per_device", where)
+        try:
+            budget = parse_bytes(self.max_memory_per_device)
+        except ValueError as err:
+            raise ValueError(
+                f"{where}: max_memory_per_device must be a positive number, got "
+                f"{self.max_memory_per_device!r} ({err})"
+            ) from None
         object.__setattr__(self, "max_memory_per_device", budget)
         object.__setattr__(self, "axis_names", _normalise_axis_names(self.axis_names, where))
 
@@ -368,8 +371,9 @@ class PathShardingRule(ShardingRule):
 
     Args:
       rules: the `(pattern, PartitionSpec)` pairs, in priority order.
-      fallback: what a leaf no pattern matches gets: `"replicate"` (P()) or
-        `"error"` (raise, naming the leaf paths).
+      fallback: what an array leaf no pattern matches gets: `"replicate"` (P())
+        or `"error"` (raise, naming the leaf paths). Non-array leaves (strings,
+        objects) always get P().
       mesh: checks the specs' axes and divisibility; None means the in-context
         mesh at apply.
 
@@ -430,6 +434,8 @@ class PathShardingRule(ShardingRule):
         problems: list[str] = []
 
         def one(path: str, leaf: Any) -> P:
+            if _tree.leaf_shape(leaf) is None:
+                return P()  # strings and other non-arrays have nothing to split
             for regex, pattern, spec in compiled:
                 if regex.search(path):
                     problems.extend(_fit_problems(path, leaf, spec, pattern, sizes))
@@ -469,10 +475,49 @@ def _fit_problems(path: str, leaf: Any, spec: P, pattern: str, sizes: dict[str, 
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchShardingRule(ShardingRule):
+    """Splits the leading (batch) dim of every leaf over a group of axes.
+
+    Leaves of rank 0 and non-arrays stay replicated. The axes act as one group
+    of their product size, in the order given; `axes=()` replicates. A batch
+    dim the group does not divide still gets the spec, so the analyzer reports
+    it instead of the plan silently changing.
+
+    Example: `BatchShardingRule(("dp", "tp"))` gives `P(('dp', 'tp'))` for a
+    `[16, 128]` token batch; `BatchShardingRule(("dp",))` gives `P('dp')`.
+    """
+
+    axes: tuple[str, ...] = ()
+    kind: ClassVar[str] = "batch"
+
+    def __post_init__(self) -> None:
+        axes = _normalise_axis_names(self.axes, "BatchShardingRule") or ()
+        if any(isinstance(a, tuple) for a in axes):
+            raise TypeError(
+                f"BatchShardingRule: axes={self.axes!r} must be a flat tuple of axis names")
+        object.__setattr__(self, "axes", axes)
+
+    @property
+    def entry(self) -> AxisEntry | None:
+        """The spec entry for the batch dim: None, a name, or a tuple of names."""
+        if not self.axes:
+            return None
+        return self.axes[0] if len(self.axes) == 1 else self.axes
+
+    def apply(self, pytree: Any) -> Any:
+        entry = self.entry
+        return _tree.map_with_path(
+            lambda path, leaf: P(entry) if entry and _tree.leaf_shape(leaf) else P(), pytree)
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "axes": list(self.axes)}
+
+
 _KINDS: dict[str, type[ShardingRule]] = {
     cls.kind: cls
     for cls in (AutoShardingRule, CompositeShardingRule, MemoryConstrainedShardingRule,
-                ShapeBasedShardingRule, PathShardingRule)
+                ShapeBasedShardingRule, PathShardingRule, BatchShardingRule)
 }
 
 
@@ -503,6 +548,10 @@ def rule_from_config(
             return CompositeShardingRule(*(
                 rule_from_config(c, mesh, f"{where}.rules[{i}]")
                 for i, c in enumerate(config["rules"])))
+        if kind == "batch":
+            if not isinstance(config["axes"], list):
+                raise TypeError(f"axes must be a list of axis names, got {config['axes']!r}")
+            return BatchShardingRule(tuple(config["axes"]))
         if kind == "shape":
             return ShapeBasedShardingRule([
                 (tuple(pattern), _spec.spec_from_json(spec, f"{where}.shape_patterns[{i}]"))
@@ -520,5 +569,8 @@ def rule_from_config(
 def _axis_names_from_json(data: Any) -> tuple[AxisEntry, ...] | None:
     if data is None:
         return None
+    if not isinstance(data, list):
+        # A bare string would otherwise be split into one-letter axis names.
+        raise TypeError(f"axis_names must be a list of axis names, got {data!r}")
     return tuple(tuple(e) if isinstance(e, list) else e for e in data)
 

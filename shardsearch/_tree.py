@@ -76,3 +76,9 @@ def specs_for_leaves(tree: Any, specs: Any) -> tuple[list[tuple[str, Any]], list
 
 def _is_spec(x: Any) -> bool:
     return isinstance(x, P) or x is None
+
+
+def leaf_specs(specs: Any) -> list[tuple[str, P]]:
+    """`(path, spec)` for every PartitionSpec in a spec tree, in leaf order."""
+    flat = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda s: isinstance(s, P))[0]
+    return [(path_str(p), s) for p, s in flat]

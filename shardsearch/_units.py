@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -33,6 +34,7 @@ def parse_bytes(value: int | float | str) -> int:
             f"size {value!r} has unknown unit {unit!r}; use one of B, KB, MB, GB, TB, "
             "KiB, MiB, GiB, TiB")
     total = number * _UNITS[unit]
-    if not total > 0:
-        raise ValueError(f"size {value!r} must be positive")
+    # Below one byte would truncate to 0 and infinity cannot become an int.
+    if not (math.isfinite(total) and total >= 1):
+        raise ValueError(f"size {value!r} must be positive, finite and at least 1 byte")
     return int(total)

@@ -1,0 +1,60 @@
+"""The command line's base: version, help, usage errors."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import shardsearch as ss
+from shardsearch import _cli
+
+
+def _run(*argv):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=120, env=env, cwd=Path(__file__).parent)
+
+
+def test_console_script_version():
+    script = Path(sys.executable).with_name("shardsearch")
+    if not script.exists():
+        pytest.skip("the shardsearch console script is not installed in this environment")
+    out = _run(str(script), "--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"shardsearch {ss.__version__}"
+
+
+def test_module_help():
+    out = _run(sys.executable, "-m", "shardsearch", "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: shardsearch")
+    assert "--version" in out.stdout
+
+
+def test_unknown_option_is_one_line_exit_2():
+    out = _run(sys.executable, "-m", "shardsearch", "--no-such-option")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("shardsearch: error:")
+    assert "--no-such-option" in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def _exit_code(argv):
+    """`main(argv)`'s exit code, whether it returns it or argparse exits with it."""
+    try:
+        return _cli.main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def test_main_in_process(capsys):
+    assert _exit_code(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"shardsearch {ss.__version__}"
+    assert _exit_code(["--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: --bogus" in err
