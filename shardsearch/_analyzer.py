@@ -72,7 +72,7 @@ class ShardingAnalyzer:
             local_bytes = math.prod(local) * itemsize
             total += nbytes
             per_device += local_bytes
-            leaves[path] = {
+            leaves[path or "<root>"] = {
                 "shape": shape, "dtype": str(_tree.leaf_dtype(leaf)), "spec": spec,
                 "bytes": nbytes, "bytes_per_device": local_bytes,
             }
