@@ -1,0 +1,128 @@
+"""Re-timing finalists interleaved, with confidence intervals, and a correctness check."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from scipy import stats
+
+from . import _evaluate
+from ._evaluate import Context
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """One finalist's re-timed steps.
+
+    Attributes:
+      label: the candidate's name.
+      times: seconds per step, one per round.
+      median: their median.
+      ci: distribution-free 95% confidence interval of the median (order
+        statistics of the binomial), `(low, high)` in seconds.
+    """
+
+    label: str
+    times: tuple[float, ...]
+    median: float
+    ci: tuple[float, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "times": list(self.times), "median": self.median,
+                "ci": list(self.ci)}
+
+
+def median_ci(times: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Confidence interval of the median from order statistics.
+
+    With n samples, the number below the true median is Binomial(n, 1/2); the
+    interval runs between the order statistics that cover `level` of it. For
+    fewer than 6 samples this is the full range.
+    """
+    xs = sorted(times)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    k = int(stats.binom.ppf((1 - level) / 2, n, 0.5))
+    lo = max(k - 1, 0)
+    return (xs[lo], xs[n - 1 - lo])
+
+
+def faster_than(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> bool:
+    """True when paired samples `a` are significantly smaller than `b`
+    (one-sided Wilcoxon signed-rank test on the per-round differences)."""
+    diffs = np.asarray(a) - np.asarray(b)
+    if len(diffs) < 6 or not np.any(diffs):
+        return False
+    return bool(stats.wilcoxon(diffs, alternative="less").pvalue < alpha)
+
+
+def retime(
+    finalists: Sequence[tuple[str, Sequence[Any]]],
+    ctx: Context,
+    rounds: int = 10,
+) -> dict[str, Timing]:
+    """Times every finalist once per round, in turn (A B C A B C …).
+
+    Interleaving makes slow drifts of the machine hit every finalist alike,
+    so the paired comparison between them is fair.
+
+    Args:
+      finalists: `(label, spec trees)` pairs.
+      ctx: the study's context (compiles are counted there).
+      rounds: timed steps per finalist.
+    """
+    runners = []
+    for label, specs in finalists:
+        compiled, _ = _evaluate.compile_step(specs, ctx)
+        state, *batch = _evaluate.place(specs, ctx)
+        for _ in range(ctx.warmup):
+            state, _m = jax.block_until_ready(compiled(state, *batch))
+        runners.append([label, compiled, state, batch, []])
+    for _ in range(rounds):
+        for runner in runners:
+            _label, compiled, state, batch, times = runner
+            start = time.perf_counter()
+            runner[2], _m = jax.block_until_ready(compiled(state, *batch))
+            times.append(time.perf_counter() - start)
+    return {
+        label: Timing(label, tuple(times), statistics.median(times), median_ci(times))
+        for label, _c, _s, _b, times in runners
+    }
+
+
+def compare_outputs(
+    specs: Sequence[Any], reference_specs: Sequence[Any], ctx: Context, rtol: float = 1e-5,
+) -> tuple[bool, float]:
+    """Runs one step under both spec trees from the same arguments.
+
+    Returns `(match, worst)`: whether every metric (the step's second output)
+    agrees to `rtol`, and, for the record, the worst difference over all
+    outputs, state included, relative to each leaf's largest magnitude (at
+    least 1e-3).
+    """
+    outputs = []
+    for s in (specs, reference_specs):
+        compiled, _ = _evaluate.compile_step(s, ctx)
+        outputs.append(jax.device_get(compiled(*_evaluate.place(s, ctx))))
+    (state, metrics), (ref_state, ref_metrics) = outputs
+    match = True
+    for got, want in zip(jax.tree.leaves(metrics), jax.tree.leaves(ref_metrics), strict=True):
+        match &= bool(np.allclose(got, want, rtol=rtol, atol=0.0))
+    worst = 0.0
+    for got, want in zip(jax.tree.leaves((state, metrics)),
+                         jax.tree.leaves((ref_state, ref_metrics)), strict=True):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if got.size:
+            # The floor keeps leaves that are nearly zero (fresh Adam moments)
+            # from turning rounding noise into huge ratios.
+            scale = max(float(np.max(np.abs(want))), 1e-3)
+            worst = max(worst, float(np.max(np.abs(got - want))) / scale)
+    return match, worst
