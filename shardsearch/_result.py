@@ -26,6 +26,8 @@ class TrialRecord:
       params: the Optuna parameters (empty for baselines).
       outcome: the evaluation (`Outcome`), `cache_hit` set when reused.
       state_rule, batch_rule: the candidate's rules in their JSON form.
+      seconds: wall time the trial took, proposal to record (the search's
+        cost of this candidate; near zero for cache hits).
     """
 
     number: int
@@ -34,11 +36,12 @@ class TrialRecord:
     outcome: Outcome
     state_rule: dict[str, Any]
     batch_rule: dict[str, Any]
+    seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"number": self.number, "label": self.label, "params": self.params,
                 "outcome": self.outcome.to_json(), "state_rule": self.state_rule,
-                "batch_rule": self.batch_rule}
+                "batch_rule": self.batch_rule, "seconds": self.seconds}
 
     @classmethod
     def from_trial(cls, trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
@@ -48,7 +51,7 @@ class TrialRecord:
             return None
         return cls(trial.number, attrs.get("label", "search"), dict(trial.params),
                    Outcome.from_json(attrs["outcome"]), attrs["state_rule"],
-                   attrs["batch_rule"])
+                   attrs["batch_rule"], attrs.get("seconds", 0.0))
 
 
 def summarize(records: list[TrialRecord]) -> dict[str, int]:

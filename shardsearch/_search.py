@@ -141,6 +141,64 @@ def _as_specs_of_shapes(tree: Any) -> Any:
     return jax.tree.map(lambda x: f"{_tree.leaf_shape(x)}:{_tree.leaf_dtype(x)}", tree)
 
 
+def make_context(
+    step: Any,
+    args: Sequence[Any] | None,
+    mesh: jax.sharding.Mesh,
+    *,
+    memory_budget: int | str | None = None,
+    objective: str = "measured",
+    seed: int = 0,
+    warmup: int = 2,
+    repeats: int = 7,
+    compile_timeout: float = 600.0,
+    hardware: _cost.HardwareModel | None = None,
+) -> tuple[Context, Any]:
+    """Checks a step, its arguments and a mesh, and builds the evaluation context.
+
+    What `optimize` does before its first trial, available on its own to
+    evaluate hand-picked candidates (benchmarks, studies) the same way.
+
+    Returns:
+      `(context, workload)`; workload is None when `step` is a plain function.
+
+    Raises:
+      ValueError: as listed for `optimize`.
+    """
+    from .workloads import Workload
+
+    workload = step if isinstance(step, Workload) else None
+    if workload is not None:
+        step = workload.step
+        args = workload.abstract() if args is None else args
+    if args is None or not isinstance(args, tuple | list) or len(args) < 1:
+        raise ValueError("optimize: args must be the tuple (state, *batch) the step takes")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"optimize: objective={objective!r}; choose one of {OBJECTIVES}")
+    mesh = _check_mesh(mesh)
+    args = tuple(args)
+    abstract_args = _as_abstract(args)
+    try:
+        jax.eval_shape(step, *abstract_args)
+    except Exception as err:
+        raise ValueError(
+            f"optimize: the step cannot be traced with these arguments: "
+            f"{type(err).__name__}: {err}") from None
+    budget = (parse_bytes(memory_budget) if memory_budget is not None
+              else _default_budget(mesh))
+    n_devices = _mesh.device_count(mesh)
+    minimum = _minimum_footprint(abstract_args, n_devices)
+    if budget is not None and budget < minimum:
+        raise ValueError(
+            f"optimize: memory_budget={budget} bytes per device is below the smallest "
+            f"possible footprint of the arguments, {minimum} bytes (everything split over "
+            f"all {n_devices} devices); raise the budget or use more devices")
+    host_args = _host_args(workload, args, seed) if objective == "measured" else None
+    ctx = Context(step, abstract_args, mesh, host_args, budget, objective, warmup, repeats,
+                  compile_timeout, hardware)
+    return ctx, workload
+
+
 def optimize(
     step: Any,
     args: Sequence[Any] | None = None,
@@ -197,40 +255,14 @@ def optimize(
         a budget below the smallest possible per-device footprint, a bad
         objective, or a storage that cannot be opened — all before any trial.
     """
-    from .workloads import Workload
-
-    workload = step if isinstance(step, Workload) else None
-    if workload is not None:
-        step = workload.step
-        args = workload.abstract() if args is None else args
-    if args is None or not isinstance(args, tuple | list) or len(args) < 1:
-        raise ValueError("optimize: args must be the tuple (state, *batch) the step takes")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"optimize: objective={objective!r}; choose one of {OBJECTIVES}")
     if n_trials < 0 or (timeout is not None and timeout <= 0):
         raise ValueError(f"optimize: need n_trials >= 0 and timeout > 0, got {n_trials=}, "
                          f"{timeout=}")
-    mesh = _check_mesh(mesh)
-    args = tuple(args)
-    abstract_args = _as_abstract(args)
-    try:
-        jax.eval_shape(step, *abstract_args)
-    except Exception as err:
-        raise ValueError(
-            f"optimize: the step cannot be traced with these arguments: "
-            f"{type(err).__name__}: {err}") from None
-    budget = (parse_bytes(memory_budget) if memory_budget is not None
-              else _default_budget(mesh))
+    ctx, workload = make_context(
+        step, args, mesh, memory_budget=memory_budget, objective=objective, seed=seed,
+        warmup=warmup, repeats=repeats, compile_timeout=compile_timeout, hardware=hardware)
+    step, abstract_args, budget = ctx.step, ctx.abstract_args, ctx.budget
     n_devices = _mesh.device_count(mesh)
-    minimum = _minimum_footprint(abstract_args, n_devices)
-    if budget is not None and budget < minimum:
-        raise ValueError(
-            f"optimize: memory_budget={budget} bytes per device is below the smallest "
-            f"possible footprint of the arguments, {minimum} bytes (everything split over "
-            f"all {n_devices} devices); raise the budget or use more devices")
-    host_args = _host_args(workload, args, seed) if objective == "measured" else None
-    ctx = Context(step, abstract_args, mesh, host_args, budget, objective, warmup, repeats,
-                  compile_timeout, hardware)
 
     state_leaves = [x for x in jax.tree.leaves(abstract_args[0]) if _tree.leaf_shape(x)]
     state_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in state_leaves)
@@ -324,6 +356,7 @@ class _Runner:
             raise
 
     def _one(self, trial: optuna.Trial, baseline: Candidate | None) -> TrialRecord:
+        start = time.perf_counter()
         candidate = baseline or self.space.suggest(trial)              # propose
         specs, fp = _evaluate.resolve(candidate, self.ctx)              # evaluate
         if specs is None:
@@ -336,11 +369,14 @@ class _Runner:
             self.cache[fp] = outcome
         if specs is not None:
             self.specs.setdefault(fp, specs)
-        return self.record(trial, candidate, outcome)                   # record
+        return self.record(trial, candidate, outcome, start)            # record
 
-    def record(self, trial: optuna.Trial, candidate: Candidate, outcome: Outcome) -> TrialRecord:
+    def record(self, trial: optuna.Trial, candidate: Candidate, outcome: Outcome,
+               start: float) -> TrialRecord:
         record = TrialRecord(trial.number, candidate.label, dict(trial.params), outcome,
-                             candidate.state_rule.to_config(), candidate.batch_rule.to_config())
+                             candidate.state_rule.to_config(), candidate.batch_rule.to_config(),
+                             time.perf_counter() - start)
+        trial.set_user_attr("seconds", record.seconds)
         trial.set_user_attr("label", record.label)
         trial.set_user_attr("outcome", outcome.to_json())
         trial.set_user_attr("state_rule", record.state_rule)
