@@ -134,7 +134,7 @@ def test_resumed_study_keeps_finished_trials(mesh24, tmp_path):
 
 def test_bad_arguments_fail_before_any_trial(mesh24, tmp_path):
     workload = get_workload("mlp:tiny")
-    state, batch = workload.init(0)
+    state, _batch = workload.init(0)
     storage = _storage(tmp_path)
     with pytest.raises(ValueError, match="objective='fast'; choose one of"):
         ss.optimize(workload, mesh=mesh24, objective="fast", storage=storage)
@@ -176,5 +176,5 @@ def test_static_objective_plans_llama_7b_on_64_devices(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("OK")][0]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("OK"))
     assert int(line.split()[1]) >= 1

@@ -108,7 +108,7 @@ def test_bad_extra_rule_and_candidate_errors(mesh24):
         _space(mesh24, extra_rules={"x": "not a rule"})
     with pytest.raises(ValueError, match="must be an identifier"):
         _space(mesh24, extra_rules={"my rule": ss.AutoShardingRule(mesh24)})
-    with pytest.raises(TypeError, match="Candidate.batch_rule must be a ShardingRule"):
+    with pytest.raises(TypeError, match=r"Candidate\.batch_rule must be a ShardingRule"):
         Candidate(ss.AutoShardingRule(mesh24), P("dp"))
 
 
