@@ -80,9 +80,7 @@ def baseline_candidates(workload: Any, mesh: Any) -> dict[str, Candidate]:
         for name, plan in expert_plans(workload, mesh).plans.items():
             if name in out:
                 continue
-            entry = plan.batch_spec[0] if len(plan.batch_spec) else None
-            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-            out[name] = Candidate(plan.state_rule, BatchShardingRule(axes), name)
+            out[name] = Candidate(plan.state_rule, plan.batch_rule, name)
     return out
 
 

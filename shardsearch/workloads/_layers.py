@@ -1,0 +1,98 @@
+"""Transformer building blocks shared by the gpt, llama and moe workloads.
+
+Plain functions on arrays and parameter dicts. Activations are
+`[batch, seq, ...]` so the batch dim the plans shard stays the leading one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def layer_norm(x: jax.Array, p: dict, eps: float = 1e-5) -> jax.Array:
+    """LayerNorm over the last dim with `p = {"scale", "bias"}`."""
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def rms_norm(x: jax.Array, p: dict, eps: float = 1e-6) -> jax.Array:
+    """RMSNorm over the last dim with `p = {"scale"}`."""
+    ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return x * lax.rsqrt(ms + eps) * p["scale"]
+
+
+def rotary(x: jax.Array, theta: float = 10000.0) -> jax.Array:
+    """Rotary position embedding (rotate-half form) of `x: [B, S, heads, head_dim]`.
+
+    The angles come from an iota inside the trace rather than a numpy table,
+    so the compiled module carries no `[seq, head_dim]` literal.
+    """
+    seq, head_dim = x.shape[1], x.shape[-1]
+    half = head_dim // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * freqs[None, :]
+    cos = jnp.cos(angles)[None, :, None, :]
+    sin = jnp.sin(angles)[None, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal softmax attention with grouped KV heads.
+
+    Args:
+        q: `[B, S, H, Dh]` queries.
+        k: `[B, S, KV, Dh]` keys, `H % KV == 0` (KV == H is plain multi-head).
+        v: `[B, S, KV, Dh]` values.
+
+    Returns:
+        `[B, S, H, Dh]`.
+
+    The query heads are viewed as `[KV, H // KV]` instead of repeating the
+    keys: the KV dim then lines up with the key heads, so a heads-sharded
+    layout reaches K and V without copying them per query head.
+    """
+    b, s, h, dh = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, s, kv, h // kv, dh)
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / jnp.sqrt(jnp.float32(dh))
+    causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
+    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+    weights = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", weights, v)
+    return out.reshape(b, s, h, dh)
+
+
+def run_layers(block: Callable[[jax.Array, Any], tuple[jax.Array, jax.Array]], x: jax.Array,
+               layers: Any, *, stacked: bool, remat: bool) -> tuple[jax.Array, jax.Array]:
+    """Applies `block` once per layer, unrolled or under `lax.scan`.
+
+    Args:
+        block: `block(x, layer_params) -> (x, aux)` with `aux` a float32 scalar
+            (an auxiliary loss; 0 for dense blocks).
+        x: activations.
+        layers: a list of per-layer dicts (unrolled) or one dict with a
+            leading layer dim (stacked).
+        stacked: which of the two layouts `layers` has.
+        remat: recompute each block in the backward pass instead of saving
+            its activations (the big presets, where saved activations of
+            every layer would dominate the memory a plan is judged on).
+
+    Returns:
+        `(x, aux summed over layers)`.
+    """
+    fn = jax.checkpoint(block) if remat else block
+    if stacked:
+        x, aux = lax.scan(fn, x, layers)
+        return x, jnp.sum(aux)
+    total = jnp.zeros((), jnp.float32)
+    for layer in layers:
+        x, aux = fn(x, layer)
+        total = total + aux
+    return x, total

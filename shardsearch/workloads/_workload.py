@@ -1,0 +1,191 @@
+"""The `Workload` type: a training step plus everything needed to plan for it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _params, _train
+
+StepFn = Callable[[Any, Any], tuple[Any, dict]]
+
+
+# eq=False: a workload is its closures, so two builds are never "equal"; identity
+# equality keeps it hashable (usable as a cache key) despite the dims mapping.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Workload:
+    """A training step to shard, with concrete and abstract arguments.
+
+    Args:
+        name: how to ask for it again, e.g. "gpt:small" or "mypkg.models:make".
+        step: plain (un-jitted) `step(state, batch) -> (state, metrics)`;
+            `metrics["loss"]` is a float32 scalar.
+        init: `init(seed) -> (state, batch)` with concrete arrays, the same
+            for the same seed. Abstract-only workloads raise here.
+        abstract: `abstract() -> (state, batch)` with `jax.ShapeDtypeStruct`
+            leaves; allocates nothing.
+        flops_per_step: analytic floating-point operations of one step
+            (forward and backward); the formula is the model's to document.
+        n_params: analytic number of parameters.
+        stacked: True when the layers are stacked under `lax.scan` (one
+            leading layer dim, paths `params/layers/attn/wq`), False when
+            unrolled (paths `params/layers/3/attn/wq`).
+        dims: named model sizes the expert plans check divisibility against.
+            Keys they read: "batch", "n_heads", "n_kv_heads", "d_ff",
+            "vocab", "d_model", "n_experts". Missing keys skip those checks.
+
+    Raises:
+        TypeError: a field has the wrong type.
+        ValueError: a field has an impossible value.
+
+    Example:
+        >>> w = get_workload("gpt:tiny")
+        >>> state, batch = w.init(0)
+        >>> state, metrics = jax.jit(w.step)(state, batch)
+    """
+
+    name: str
+    step: StepFn
+    init: Callable[[int], tuple[Any, Any]]
+    abstract: Callable[[], tuple[Any, Any]]
+    flops_per_step: float
+    n_params: int
+    stacked: bool = False
+    dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"Workload name must be a non-empty str, got name={self.name!r}")
+        for field in ("step", "init", "abstract"):
+            if not callable(getattr(self, field)):
+                raise TypeError(
+                    f"Workload {self.name!r}: {field} must be callable, got "
+                    f"{type(getattr(self, field)).__name__}")
+        if not isinstance(self.flops_per_step, int | float) or not self.flops_per_step >= 0:
+            raise ValueError(
+                f"Workload {self.name!r}: flops_per_step must be a number >= 0, got "
+                f"{self.flops_per_step!r}")
+        object.__setattr__(self, "flops_per_step", float(self.flops_per_step))
+        if isinstance(self.n_params, bool) or not isinstance(self.n_params, int | np.integer):
+            raise TypeError(f"Workload {self.name!r}: n_params must be an int, got "
+                            f"{self.n_params!r}")
+        if self.n_params < 0:
+            raise ValueError(f"Workload {self.name!r}: n_params must be >= 0, got "
+                             f"{self.n_params}")
+        object.__setattr__(self, "n_params", int(self.n_params))
+        if not isinstance(self.stacked, bool):
+            raise TypeError(f"Workload {self.name!r}: stacked must be a bool, got "
+                            f"{self.stacked!r}")
+        bad = [f"{k!r}: {v!r}" for k, v in dict(self.dims).items()
+               if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int)]
+        if bad:
+            raise TypeError(f"Workload {self.name!r}: dims must map str to int; bad entries "
+                            f"{', '.join(bad)}")
+        # Read-only view so a frozen Workload cannot be changed through its dims.
+        object.__setattr__(self, "dims", types.MappingProxyType(dict(self.dims)))
+
+
+def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.ShapeDtypeStruct],
+             make_batch: Callable[[np.random.Generator], dict], loss_fn: _train.LossFn,
+             adam: _train.Adam, flops_per_step: float, n_params: int, stacked: bool,
+             dims: Mapping[str, int], abstract_only: bool) -> Workload:
+    """Builds a built-in `Workload` from a model's pieces.
+
+    Args:
+        name: "model:size".
+        param_spec: tree of `_params.Param`; layers, if any, unrolled as a list
+            under the top-level key "layers".
+        batch_shapes: leaf name -> shape struct of the batch.
+        make_batch: draws a concrete numpy batch from the generator.
+        loss_fn: `loss_fn(params, batch) -> (loss, extra_metrics)`.
+        adam: optimizer hyper-parameters.
+        flops_per_step: analytic flops of one step.
+        n_params: analytic parameter count.
+        stacked: stack the "layers" list for `lax.scan`.
+        dims: named sizes for the plans' divisibility checks.
+        abstract_only: `init` refuses to allocate (real-size presets).
+
+    Returns:
+        The workload.
+    """
+
+    def layout(params: dict) -> dict:
+        if stacked and "layers" in params:
+            params = {**params, "layers": _params.stack_layers(params["layers"])}
+        return params
+
+    def abstract() -> tuple[dict, dict]:
+        params = layout(_params.abstract(param_spec))
+        state = {"params": params, "opt": _train.init_opt_state(params)}
+        return state, dict(batch_shapes)
+
+    def init(seed: int) -> tuple[dict, dict]:
+        if abstract_only:
+            gib = 3 * n_params * 4 / 2**30
+            raise ValueError(
+                f"workload {name!r} is abstract-only: init() would allocate {n_params:,} "
+                f"parameters plus Adam moments (~{gib:,.0f} GiB of float32); use abstract() "
+                "to plan for it, or a 'tiny'/'small' preset to run a step")
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise ValueError(f"{name}: init seed must be an int >= 0, got seed={seed!r}")
+        rng = np.random.default_rng(int(seed))
+        params = layout(_params.materialize(param_spec, rng))
+        state = {"params": params, "opt": _train.init_opt_state(params)}
+        batch = make_batch(rng)
+        # One transfer per leaf at the end; numpy did all the drawing.
+        return jax.tree_util.tree_map(jnp.asarray, (state, batch))
+
+    return Workload(
+        name=name,
+        step=_train.make_train_step(loss_fn, adam),
+        init=init,
+        abstract=abstract,
+        flops_per_step=flops_per_step,
+        n_params=n_params,
+        stacked=stacked,
+        dims=dims,
+    )
+
+
+def token_batch(batch: int, seq: int, vocab: int) -> tuple[dict, Callable]:
+    """Shapes and sampler of a next-token batch `{"tokens", "targets"}`.
+
+    Targets are the tokens shifted by one, drawn as one `[batch, seq + 1]`
+    sequence, so a model can learn something from a single batch.
+
+    Returns:
+        `(batch_shapes, make_batch)` for `assemble`.
+    """
+    shapes = {
+        "tokens": jax.ShapeDtypeStruct((batch, seq), jnp.int32),
+        "targets": jax.ShapeDtypeStruct((batch, seq), jnp.int32),
+    }
+
+    def make_batch(rng: np.random.Generator) -> dict:
+        seqs = rng.integers(0, vocab, size=(batch, seq + 1), dtype=np.int32)
+        return {"tokens": seqs[:, :-1], "targets": seqs[:, 1:]}
+
+    return shapes, make_batch
+
+
+def check_positive(owner: str, **sizes: int) -> None:
+    """Raises ValueError naming every size that is not a positive int."""
+    bad = [f"{k}={v!r}" for k, v in sizes.items()
+           if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
+    if bad:
+        raise ValueError(f"{owner}: sizes must be positive ints, got {', '.join(bad)}")
+
+
+def check_divides(owner: str, what: str, n: int, by_name: str, by: int) -> None:
+    """Raises ValueError when `by` does not divide `n`."""
+    if n % by:
+        raise ValueError(
+            f"{owner}: {what}={n} must be divisible by {by_name}={by}; "
+            f"pick {what} as a multiple of {by_name} (e.g. {math.ceil(n / by) * by})")
