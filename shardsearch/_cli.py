@@ -18,8 +18,7 @@ from typing import Any
 
 from ._version import __version__
 
-# Each command: (name, help, add its options, run it). `bench` joins this
-# table when the benchmark suites land; nothing else needs to change.
+# Each command: (name, help, add its options, run it).
 Command = tuple[str, str, Callable[[argparse.ArgumentParser], None],
                 Callable[[argparse.Namespace], int]]
 
@@ -71,6 +70,11 @@ def _add_optimize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE",
                    help="plan file to write (default ./shardsearch-<workload>-<mesh>.json)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--compile-cache", default=".shardsearch/jax-cache", metavar="DIR",
+                   help="JAX's persistent compilation cache, so a resumed study compiles "
+                        "from disk (default: %(default)s)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="leave JAX's compilation cache settings alone")
     timing = p.add_argument_group("timing")
     timing.add_argument("--warmup", type=_count, default=2, metavar="N",
                         help="untimed steps per candidate (default 2)")
@@ -107,7 +111,7 @@ def _run_optimize(a: argparse.Namespace) -> int:
             workload, mesh=mesh, n_trials=a.trials, timeout=a.timeout, memory_budget=budget,
             objective=a.objective, storage=storage, study_name=a.study, seed=a.seed,
             warmup=a.warmup, repeats=a.repeats, confirm_rounds=a.confirm_rounds,
-            quiet=a.quiet)
+            compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet)
     except ValueError as err:  # optimize checks its inputs before any trial
         raise UsageError(str(err)) from None
     except (RecursionError, NotImplementedError):
@@ -346,6 +350,79 @@ def _leaf_table(mesh: Any, args: Sequence[Any], specs: Sequence[Any]) -> str:
             + f"\nper device: {_bytes(total)} of arguments")
 
 
+# --------------------------------------------------------------------------- bench
+
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", required=True, metavar="NAME",
+                   help="a suite name (looked up as ./benchmarks/suites/NAME.json) or a path "
+                        "to a suite file")
+    p.add_argument("--out", default="benchmarks/results", metavar="DIR",
+                   help="results go to DIR/<suite>/ (default benchmarks/results)")
+    p.add_argument("--rules", default="rules", metavar="DIR",
+                   help="winners are exported to DIR/<suite>/<entry>.json (default rules)")
+    p.add_argument("--entries", metavar="ID,ID",
+                   help="run only these entries (default all; see --list)")
+    p.add_argument("--devices", type=_positive_int, metavar="N",
+                   help="simulate N CPU devices (default: the suite's count when it "
+                        "simulates its devices)")
+    p.add_argument("--force", action="store_true",
+                   help="rerun entries that already have a result (their studies resume)")
+    p.add_argument("--list", action="store_true", help="list the suite's entries and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar during searches")
+    quick = p.add_argument_group("overrides for quick checks (recorded in each entry)")
+    quick.add_argument("--trials", type=_positive_int, metavar="N",
+                       help="trials per entry instead of the suite's")
+    quick.add_argument("--repeats", type=_positive_int, metavar="N",
+                       help="timed steps per candidate in the search")
+    quick.add_argument("--rounds", type=_positive_int, metavar="N",
+                       help="interleaved rounds of the comparison run")
+
+
+def _run_bench(a: argparse.Namespace) -> int:
+    from ._bench import load_suite, prepare_devices, run_suite
+
+    suite = _usage(load_suite, a.suite)
+    ids = [i.strip() for i in a.entries.split(",") if i.strip()] if a.entries else None
+    selected = _usage(suite.select, ids)
+    if a.list:
+        for e in suite.entries:
+            limit = " ".join(x for x in (f"{e.trials} trials" if e.trials else "",
+                                         f"{e.timeout:g} s" if e.timeout else "") if x)
+            print(f"{e.id}: {e.workload_name} on {e.mesh}, {e.objective}, {limit}, budget "
+                  f"{e.budget or 'none'}")
+        return 0
+    # Before anything asks JAX for devices: the count is fixed at backend start.
+    _usage(prepare_devices, suite, a.devices)
+    command = _bench_command(a)
+    print(f"shardsearch {__version__}: suite {suite.name} ({suite.path}), {len(selected)} "
+          f"entries, results in {Path(a.out) / suite.name}", flush=True)
+    run = run_suite(suite, out=a.out, rules_dir=a.rules, entries=ids, force=a.force,
+                    trials=a.trials, repeats=a.repeats, rounds=a.rounds, quiet=a.quiet,
+                    command=command, log=lambda line: print(line, flush=True))
+    for note in run.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {run.folder / 'results.md'}: {len(run.finished)} entries run, "
+          f"{len(run.skipped)} already done, {len(run.failed)} failed")
+    if run.failed:
+        raise WorkFailed(f"{len(run.failed)} entries failed ({', '.join(run.failed)}); "
+                         "the same command retries them")
+    return 0
+
+
+def _bench_command(a: argparse.Namespace) -> str:
+    """The command line that repeats this run, for machine.json."""
+    import shlex
+
+    parts = ["shardsearch", "bench", "--suite", a.suite]
+    for flag in ("out", "rules", "entries", "devices", "trials", "repeats", "rounds"):
+        value = getattr(a, flag)
+        if value is not None:
+            parts += [f"--{flag}", str(value)]
+    parts += [f"--{f}" for f in ("force", "quiet") if getattr(a, f)]
+    return shlex.join(parts)
+
+
 # --------------------------------------------------------------------------- tables
 
 
@@ -511,6 +588,8 @@ COMMANDS: tuple[Command, ...] = (
      _add_export, _run_export),
     ("show", "print a plan file; with --workload, every leaf's spec and bytes per device",
      _add_show, _run_show),
+    ("bench", "run a benchmark suite: search each entry, compare with every expert plan",
+     _add_bench, _run_bench),
 )
 
 

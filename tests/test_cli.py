@@ -41,7 +41,8 @@ def searched(tmp_path_factory):
     try:
         with contextlib.redirect_stdout(out):
             code = _cli.main(["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4",
-                              "--trials", "5", "--objective", "static", "--quiet"])
+                              "--trials", "5", "--objective", "static", "--quiet",
+                              "--no-compile-cache"])
     finally:
         os.chdir(here)
     assert code == 0, out.getvalue()
@@ -165,6 +166,8 @@ def test_end_to_end_optimize_export_show_load(tmp_path):
     assert done.returncode == 0, done.stderr
     assert re.search(r"median ms +95% CI ms", done.stdout)
     assert "wrote plan.json" in done.stdout
+    # The persistent compilation cache is on by default, under ./.shardsearch/.
+    assert any((tmp_path / ".shardsearch" / "jax-cache").iterdir())
     done = _subprocess("export", "--study", "e2e", "--storage", storage, "--out", "e.py",
                        "--format", "partition-rules", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -203,7 +206,7 @@ def test_a_factory_workload_is_imported_only_when_named(tmp_path, monkeypatch, c
     storage = f"sqlite:///{tmp_path}/f.db"
     assert _cli.main(["optimize", "--workload", "ss_test_factory:make", "--mesh", "dp=2,tp=4",
                       "--trials", "3", "--objective", "static", "--storage", storage,
-                      "--study", "f", "--quiet"]) == 0
+                      "--study", "f", "--quiet", "--no-compile-cache"]) == 0
     assert (tmp_path / "shardsearch-ss_test_factory-make-dp2-tp4.json").is_file()
     capsys.readouterr()
     export = ["export", "--study", "f", "--storage", storage, "--out", "p.json"]
