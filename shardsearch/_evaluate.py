@@ -47,7 +47,9 @@ class Outcome:
       step_times: every timed repeat, in order.
       memory: per-device bytes: "arguments" (analyzer estimate) and, once
         compiled, XLA's "argument", "output", "temp", "alias" and "total".
-      flops: XLA's flop count per device (None before compiling).
+      flops: flops per device per step: XLA's count with the matmul flops of
+        the loop trips it leaves out added back (see `_cost.loop_aware`); XLA's
+        own count when the HLO text could not be read; None before compiling.
       collective_bytes: bytes moved by collectives per device per step.
       cache_hit: the result was reused from an earlier identical fingerprint.
     """
@@ -240,14 +242,17 @@ def evaluate(
     memory.update(xla_memory(compiled))
     flops, bytes_accessed = _cost.cost_numbers(compiled)
     try:
-        link_bytes: float | None = _hlo.parse_collectives(compiled.as_text()).transferred_bytes()
+        collectives, hlo_cost = _hlo.parse_hlo(compiled.as_text())
     except ValueError as err:
-        # HLO text we cannot read costs the static objective its comm term; a
-        # measured candidate does not need it, so only the former fails.
+        # HLO text we cannot read costs the static objective its comm term and
+        # its loop trips; a measured candidate needs neither, so only the former fails.
         if ctx.objective == "static":
             return Outcome(fp, FAILED, None, f"cannot read the compiled HLO: {err}",
                            compile_seconds=compile_seconds, memory=memory, flops=flops)
-        link_bytes = None
+        link_bytes: float | None = None
+    else:
+        link_bytes = collectives.transferred_bytes()
+        flops, bytes_accessed = _cost.loop_aware(flops, bytes_accessed, hlo_cost)
     base = dict(fingerprint=fp, compile_seconds=compile_seconds, memory=memory,
                 flops=flops, collective_bytes=link_bytes)
     if ctx.budget is not None and memory["total"] > ctx.budget:

@@ -1,23 +1,37 @@
-"""Collectives and the bytes they move, read from compiled XLA HLO text.
+"""Collectives, matmul flops and bytes accessed, read from compiled XLA HLO text.
 
 The static objective scores a candidate sharding without running it: it
 compiles the step, takes ``compiled.as_text()`` (the post-optimisation,
-SPMD-partitioned module, so every shape is per device) and asks what
-communication XLA inserted. :func:`parse_collectives` answers with one
-:class:`Collective` per collective instruction, each carrying how many times it
-runs per step: an instruction inside a ``while`` body (``lax.scan``,
-``fori_loop``) runs once per trip, and nested loops multiply.
+SPMD-partitioned module, so every shape is per device) and asks two things of
+it. :func:`parse_hlo` answers both from one parse:
+
+- what communication XLA inserted: one :class:`Collective` per collective
+  instruction, in a :class:`CollectiveSummary`;
+- how much work the step does: :class:`HloCost`, the flops of every ``dot``
+  and ``convolution`` (and cuBLAS gemm custom-call on GPU) and the bytes its
+  instructions read and write.
+
+Both count each instruction as often as it runs per step: an instruction
+inside a ``while`` body (``lax.scan``, ``fori_loop``) runs once per trip, and
+nested loops multiply (see :mod:`shardsearch._hlo_graph`). XLA's own
+``compiled.cost_analysis()`` counts a loop body once, so a model whose layers
+are stacked under ``lax.scan`` reports the flops and bytes of one layer;
+:attr:`HloCost.dot_flops` minus :attr:`HloCost.dot_flops_once` (and likewise
+for bytes) is what it leaves out.
 
 Example::
 
     compiled = jax.jit(f, in_shardings=..., out_shardings=...).lower(*args).compile()
-    summary = parse_collectives(compiled.as_text())
+    summary, cost = parse_hlo(compiled.as_text())
     summary.bytes_by_kind()  # {"all-reduce": 20480, "all-gather": 0, ...}
     summary.transferred_bytes()  # ring-algorithm estimate of bytes sent per device
+    cost.dot_flops  # 5 * 2 * 128**3 for a 5-step scan of f32[128,128] matmuls
+    cost.loop_factor  # 5.0
 
 Only the text is read; nothing here imports JAX. Point-to-point ``send`` /
 ``recv`` and the rarer ``collective-broadcast`` and ``ragged-all-to-all`` are
-not counted.
+not counted, nor are the flops of elementwise ops, reductions or custom-calls
+other than cuBLAS gemms.
 """
 
 from __future__ import annotations
@@ -26,7 +40,7 @@ import dataclasses
 import math
 import re
 
-import networkx as nx
+from ._hlo_graph import Computation, Instruction, Module, closing, parse_module
 
 COLLECTIVE_KINDS: tuple[str, ...] = (
     "all-reduce",
@@ -52,28 +66,18 @@ _ELEMENT_BITS = {
     "token": 0,
 }  # fmt: skip
 
-_HEADER = re.compile(r"^HloModule\b")
-_COMPUTATION = re.compile(
-    r"^(?P<entry>ENTRY\s+)?%?(?P<name>[^\s(){}=]+)\s*(?:\(.*\)\s*->.*)?\{\s*$"
-)
-_INSTRUCTION = re.compile(r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[^\s=]+)\s+=\s+(?=\S)")
-_OPCODE = re.compile(r"\s*(?P<opcode>[A-Za-z][\w\-.]*)\(")
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
-_COMMENT = re.compile(r"/\*.*?\*/")
 _ARRAY = re.compile(r"(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
-_KNOWN_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 _IOTA_GROUPS = re.compile(r"\[(?P<dims>\d+(?:,\d+)*)\]<=\[\d+(?:,\d+)*\](?:T\([\d,]+\))?")
 _MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]")
-_CALLEE = re.compile(
-    r"(?:^|[\s,])(?P<attr>calls|to_apply|body|condition|true_computation|"
-    r"false_computation|select|scatter)=%?(?P<name>[^\s,{}()]+)"
-)
-_CALLEE_LIST = re.compile(
-    r"(?:^|[\s,])(?:calls|branch_computations|called_computations)=\{(?P<names>[^}]*)\}"
-)
-# async-update / async-done repeat the async-start's ``calls=``; following them
-# too would count the wrapped collective two or three times.
-_NOT_CALLERS = frozenset({"async-update", "async-done"})
+_LHS_CONTRACTING = re.compile(r"(?:^|[\s,])lhs_contracting_dims=\{(?P<dims>[^}]*)\}")
+_KERNEL_LABELS = re.compile(r"(?:^|[\s,])dim_labels=[^_\s,]*_(?P<kernel>[^-\s,]*)->")
+# cuBLAS gemms keep their dot dimensions in the backend config, as JSON.
+_GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$(?:gemm|lt\$matmul)[^"]*"')
+_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[(?P<dims>[^\]]*)\]')
+_CALLS = re.compile(r"(?:^|[\s,])calls=%?(?P<name>[^\s,{}()]+)")
+
+# Per fused computation: its parameters by index, and each value's users.
+_Uses = dict[str, tuple[dict[int, str], dict[str, list[Instruction]]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,82 +218,112 @@ class CollectiveSummary:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Instruction:
-    name: str
-    shape: str
-    opcode: str
-    operands: tuple[str, ...]  # operand names, or the literal for constants
-    attrs: str  # with quoted strings blanked, so user text cannot fake one
-    raw_attrs: str
-    line: str
+class HloCost:
+    """The matmul flops and memory traffic of one compiled module, per device and step.
+
+    Each figure comes twice: counted as often as each instruction runs, and
+    counted with every loop taken to run once, which is what XLA's
+    ``cost_analysis()`` does. The difference is the work of the loop trips
+    XLA leaves out; :func:`shardsearch._cost.loop_aware` adds it to XLA's
+    figures.
+
+    A matmul's flops are ``2 * prod(result dims) * prod(lhs contracting dim
+    sizes)``: one multiply and one add per term of each output element, as
+    XLA counts a ``dot``. A convolution's are ``2 * prod(result dims) *
+    prod(kernel dims other than the output feature dim)``, i.e. kernel
+    spatial size times input features per group (the input feature size over
+    ``feature_group_count``). That counts every window position, so it
+    overestimates what XLA counts where the window lies over padding or over
+    the holes of ``lhs_dilation`` (a transposed convolution, or a strided
+    convolution's gradient): by 9% for a 3x3 SAME convolution of a 16x16
+    image.
+
+    Bytes follow XLA's rules for ``bytes accessed``: each instruction of a
+    computation that is not fused reads its operands and writes its result;
+    a fusion reads only the slices it takes of an operand that it only
+    slices, nothing of a buffer it updates in place, and writes only the
+    update of a ``dynamic-update-slice`` root. Buffer plumbing (parameters,
+    tuples, bitcasts, loops and calls themselves) moves nothing.
+
+    Attributes:
+      dot_flops: flops of every ``dot``, ``convolution`` and cuBLAS gemm
+        custom-call, each times its computation's executions per step
+        (following fusions, calls, conditionals' branches, async wrappers and
+        ``while`` bodies with their trip counts).
+      dot_flops_once: the same with every loop taken to run once. Each
+        conditional branch is counted in both, where XLA takes the costliest.
+      bytes_accessed: bytes read and written per step, loops counted.
+      bytes_accessed_once: the same with every loop taken to run once.
+      unknown_ops: instructions (in computations that run) whose flops or
+        bytes could not be found: an operand's shape is neither printed inline
+        nor defined in the computation, a dim is dynamic, an element type is
+        unknown, or a convolution has no readable ``dim_labels``. They count
+        zero, so the totals are lower bounds.
+    """
+
+    dot_flops: float = 0.0
+    dot_flops_once: float = 0.0
+    bytes_accessed: float = 0.0
+    bytes_accessed_once: float = 0.0
+    unknown_ops: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "unknown_ops", tuple(self.unknown_ops))
+        for field in ("dot_flops", "dot_flops_once", "bytes_accessed", "bytes_accessed_once"):
+            value = getattr(self, field)
+            if not value >= 0:
+                raise ValueError(f"HloCost.{field}={value!r} must be a number >= 0")
+
+    @property
+    def loop_factor(self) -> float:
+        """``dot_flops / dot_flops_once``, or 1.0 without matmuls.
+
+        For example 5.0 when every matmul sits in the body of a 5-step scan;
+        nearly 32 for a model whose 32 layers are scanned. Below 1 only when a
+        loop holding matmuls never runs.
+        """
+        return self.dot_flops / self.dot_flops_once if self.dot_flops_once else 1.0
 
 
-@dataclasses.dataclass(frozen=True)
-class _Computation:
-    name: str
-    is_entry: bool
-    instructions: dict[str, _Instruction]
-    root: str | None
+def parse_hlo(hlo_text: str) -> tuple[CollectiveSummary, HloCost]:
+    """Reads the collectives, matmul flops and bytes accessed of a compiled HLO module.
 
-
-def parse_collectives(hlo_text: str) -> CollectiveSummary:
-    """Lists the collectives of a compiled HLO module and how often each runs.
+    The text is parsed once for both, which matters for big models (the
+    text of a 7B-parameter training step is around half a megabyte).
 
     Args:
       hlo_text: ``compiled.as_text()`` of a compiled ``jax.jit`` (or any HLO
         module text with an ENTRY computation).
 
     Returns:
-      The summary. For example, the text of a ``[16,32] @ [32,64]`` float32
-      matmul whose contracting dim is split 4 ways holds
+      ``(summary, cost)``. For example, the text of a ``[16,32] @ [32,64]``
+      float32 matmul whose contracting dim is split 4 ways holds
       ``%all-reduce = f32[16,64]{1,0} all-reduce(...)`` and gives
-      ``Collective(kind="all-reduce", bytes=4096, group_size=4, count=1, ...)``;
-      inside a 5-step ``lax.scan`` the same op has ``count=5``.
+      ``Collective(kind="all-reduce", bytes=4096, group_size=4, count=1, ...)``
+      and ``HloCost(dot_flops=2 * 16 * 64 * 8, ...)`` (8 = 32 / 4 per
+      device); inside a 5-step ``lax.scan`` the same op has ``count=5`` and
+      the flops are 5 times as many, with ``dot_flops_once`` unchanged.
 
     Raises:
       ValueError: the text has no ENTRY computation, calls a computation it
         does not define, has a call cycle, or a collective has an element type
         or replica-group syntax this parser does not know.
     """
-    header, computations = _parse_module(hlo_text)
-    num_devices = _num_devices(header)
-    entries = [c.name for c in computations.values() if c.is_entry]
-    if len(entries) != 1:
-        raise ValueError(
-            f"expected exactly one ENTRY computation in the HLO text, found "
-            f"{len(entries)} ({entries}); pass the whole module, e.g. "
-            "compiled.as_text()"
-        )
+    module = parse_module(hlo_text)
+    return _collectives(module), _costs(module)
 
-    graph = nx.DiGraph()
-    graph.add_nodes_from(computations)
-    unknown_loops = []
-    for computation in computations.values():
-        for instruction in computation.instructions.values():
-            edges, unknown = _call_edges(instruction, computation, computations)
-            if unknown:
-                unknown_loops.append((computation.name, unknown))
-            for callee, factor in edges:
-                if graph.has_edge(computation.name, callee):
-                    graph[computation.name][callee]["factor"] += factor
-                else:
-                    graph.add_edge(computation.name, callee, factor=factor)
-    if not nx.is_directed_acyclic_graph(graph):
-        cycle = [edge[0] for edge in nx.find_cycle(graph)]
-        raise ValueError(
-            f"HLO computations call each other in a cycle {cycle}; HLO forbids "
-            "recursion, so the text is corrupt or not an HLO module"
-        )
 
-    count = dict.fromkeys(computations, 0)
-    count[entries[0]] = 1
-    for caller in nx.topological_sort(graph):
-        for callee in graph.successors(caller):
-            count[callee] += count[caller] * graph[caller][callee]["factor"]
+def parse_collectives(hlo_text: str) -> CollectiveSummary:
+    """The collectives of a compiled HLO module; see :func:`parse_hlo`."""
+    return _collectives(parse_module(hlo_text))
 
+
+def _collectives(module: Module) -> CollectiveSummary:
+    num_devices = _num_devices(module.header)
     collectives, unknown_groups = [], []
-    for computation in computations.values():
-        if not count[computation.name]:
+    for computation in module.computations.values():
+        count = module.counts[computation.name]
+        if not count:
             continue
         for instruction in computation.instructions.values():
             found = _collective(instruction, num_devices)
@@ -304,126 +338,56 @@ def parse_collectives(hlo_text: str) -> CollectiveSummary:
                     kind=kind,
                     bytes=size_bytes,
                     group_size=group_size,
-                    count=count[computation.name],
+                    count=count,
                     computation=computation.name,
                     name=instruction.name,
                 )
             )
     return CollectiveSummary(
         collectives=tuple(collectives),
-        unknown_trip_counts=tuple(body for caller, body in unknown_loops if count[caller]),
+        unknown_trip_counts=module.unknown_trip_counts,
         unknown_group_sizes=tuple(unknown_groups),
         num_devices=num_devices,
     )
 
 
-def _parse_module(text: str) -> tuple[str | None, dict[str, _Computation]]:
-    header = None
-    computations: dict[str, _Computation] = {}
-    current: tuple[str, bool, list[str]] | None = None
-    for line in text.splitlines():
-        if current is None:
-            if _HEADER.match(line):
-                header = line
-            elif match := _COMPUTATION.match(line):
-                current = (match["name"], bool(match["entry"]), [])
+def _costs(module: Module) -> HloCost:
+    flops = flops_once = traffic = traffic_once = 0.0
+    unknown: dict[str, None] = {}
+    for computation in module.computations.values():
+        count, once = module.counts[computation.name], module.counts_once[computation.name]
+        if not once:
+            continue  # never called from ENTRY
+        for instruction in computation.instructions.values():
+            if not _is_matmul(instruction):
+                continue
+            found = _matmul_flops(instruction, computation)
+            if found is None:
+                unknown[instruction.name] = None
+                continue
+            flops += found * count
+            flops_once += found * once
+    uses: _Uses = {}
+    for name in module.scheduled:
+        computation = module.computations[name]
+        count, once = module.counts[name], module.counts_once[name]
+        if not once:
             continue
-        name, is_entry, lines = current
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("}"):
-            if name in computations:
-                raise ValueError(f"HLO computation {name!r} is defined twice; pass one module")
-            computations[name] = _build_computation(name, is_entry, lines)
-            current = None
-        elif _INSTRUCTION.match(line) or not lines:
-            lines.append(line.strip())
-        else:
-            # Hand-written HLO wraps long instructions; the printer never does.
-            lines[-1] += " " + line.strip()
-    if current is not None:
-        raise ValueError(
-            f"HLO computation {current[0]!r} is not closed by '}}'; the text "
-            "looks truncated, pass the whole of compiled.as_text()"
-        )
-    return header, computations
-
-
-def _build_computation(name: str, is_entry: bool, lines: list[str]) -> _Computation:
-    instructions: dict[str, _Instruction] = {}
-    root = None
-    for line in lines:
-        match = _INSTRUCTION.match(line)
-        if match is None:
-            raise ValueError(
-                f"cannot read this line of HLO computation {name!r} as an "
-                f"instruction ('name = shape opcode(operands), attrs'): {line!r}"
-            )
-        instruction = _parse_instruction(match["name"], line[match.end() :], line)
-        instructions[instruction.name] = instruction
-        if match["root"]:
-            root = instruction.name
-    return _Computation(name, is_entry, instructions, root)
-
-
-def _parse_instruction(name: str, rest: str, line: str) -> _Instruction:
-    rest = _COMMENT.sub("", rest)
-    # A tuple shape holds spaces; an array shape runs to the first space.
-    tuple_shape = rest.startswith("(")
-    end = _closing(rest, 0, line) + 1 if tuple_shape else len(rest.split(None, 1)[0])
-    shape = rest[:end]
-    match = _OPCODE.match(rest, end)
-    if match is None:
-        raise ValueError(f"cannot find the opcode after the shape in HLO line {line!r}")
-    open_paren = match.end() - 1
-    close_paren = _closing(rest, open_paren, line)
-    inside = rest[open_paren + 1 : close_paren]
-    if match["opcode"] in ("constant", "parameter"):
-        operands = (inside.strip(),)
-    else:
-        # Operands may be printed with their shapes ("f32[4] %x"); the name is last.
-        operands = tuple(
-            part.split()[-1].lstrip("%") for part in _split_top(inside) if part.strip()
-        )
-    raw_attrs = rest[close_paren + 1 :].lstrip(", ")
-    return _Instruction(
-        name=name,
-        shape=shape,
-        opcode=match["opcode"],
-        operands=operands,
-        attrs=_QUOTED.sub('""', raw_attrs),
-        raw_attrs=raw_attrs,
-        line=line,
+        for instruction in computation.instructions.values():
+            try:
+                size = _traffic(instruction, computation, module, uses)
+            except ValueError:  # an unknown element type or dynamic dim
+                unknown[instruction.name] = None
+                continue
+            traffic += size * count
+            traffic_once += size * once
+    return HloCost(
+        dot_flops=flops,
+        dot_flops_once=flops_once,
+        bytes_accessed=traffic,
+        bytes_accessed_once=traffic_once,
+        unknown_ops=tuple(unknown),
     )
-
-
-def _closing(text: str, start: int, line: str) -> int:
-    """Index of the bracket closing ``text[start]``, all bracket kinds nesting."""
-    depth = 0
-    for index in range(start, len(text)):
-        char = text[index]
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-            if depth == 0:
-                return index
-    raise ValueError(f"unbalanced brackets in HLO line {line!r}")
-
-
-def _split_top(text: str) -> list[str]:
-    """Splits on commas that are not inside brackets."""
-    parts, depth, start = [], 0, 0
-    for index, char in enumerate(text):
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:index])
-            start = index + 1
-    parts.append(text[start:])
-    return parts
 
 
 def _num_devices(header: str | None) -> int | None:
@@ -470,7 +434,7 @@ def _shape_at(text: str, pos: int, line: str) -> tuple[int | list, int]:
     pos = match.end()
     layout = ""
     if text.startswith("{", pos):
-        close = _closing(text, pos, line)
+        close = closing(text, pos, line)
         layout, pos = text[pos : close + 1], close + 1
     return _array_bytes(match["type"], match["dims"], layout, line), pos
 
@@ -507,7 +471,7 @@ def _total(shape: int | list) -> int:
 
 
 def _collective(
-    instruction: _Instruction, num_devices: int | None
+    instruction: Instruction, num_devices: int | None
 ) -> tuple[str, int, int | None] | None:
     opcode = instruction.opcode
     if opcode in COLLECTIVE_KINDS:
@@ -532,7 +496,7 @@ def _collective(
     return kind, size, _group_size(instruction, num_devices)
 
 
-def _permute_size(instruction: _Instruction) -> int | None:
+def _permute_size(instruction: Instruction) -> int | None:
     match = re.search(r"(?:^|[\s,])source_target_pairs=", instruction.attrs)
     if match is None:
         return None
@@ -542,7 +506,7 @@ def _permute_size(instruction: _Instruction) -> int | None:
             f"source_target_pairs of {instruction.name!r} is not a {{{{s,t}},...}} "
             f"list: {instruction.line!r}"
         )
-    body = instruction.attrs[start + 1 : _closing(instruction.attrs, start, instruction.line)]
+    body = instruction.attrs[start + 1 : closing(instruction.attrs, start, instruction.line)]
     devices: dict[int, None] = {}
     for pair in re.findall(r"\{([^{}]*)\}", body):
         source, target = (int(x) for x in pair.split(","))
@@ -551,7 +515,7 @@ def _permute_size(instruction: _Instruction) -> int | None:
     return max(len(devices), 1)
 
 
-def _group_size(instruction: _Instruction, num_devices: int | None) -> int | None:
+def _group_size(instruction: Instruction, num_devices: int | None) -> int | None:
     attrs, line = instruction.attrs, instruction.line
     match = re.search(r"(?:^|[\s,])replica_groups=", attrs)
     # No replica_groups printed means the same as "{}": every device.
@@ -559,7 +523,7 @@ def _group_size(instruction: _Instruction, num_devices: int | None) -> int | Non
     if start is None or attrs.startswith("{}", start):
         return num_devices
     if attrs.startswith("{", start):
-        body = attrs[start + 1 : _closing(attrs, start, line)]
+        body = attrs[start + 1 : closing(attrs, start, line)]
         groups = re.findall(r"\{([^{}]*)\}", body)
         if not groups:
             return num_devices
@@ -586,7 +550,7 @@ def _mesh_group_size(mesh: re.Match, attrs: str, line: str) -> int:
         sizes[name.strip().strip("'\"")] = int(size)
     pos = mesh.end()
     if devices := re.compile(r",\s*device_ids=").match(attrs, pos):
-        pos = _closing(attrs, devices.end(), line) + 1
+        pos = closing(attrs, devices.end(), line) + 1
     axes = re.compile(r"\s*\{(?P<axes>[^{}]*)\}").match(attrs, pos)
     if axes is None:
         raise ValueError(
@@ -608,138 +572,170 @@ def _mesh_group_size(mesh: re.Match, attrs: str, line: str) -> int:
     return group
 
 
-# --- call graph and loops ---------------------------------------------------
+# --- matmul flops -----------------------------------------------------------
 
 
-def _call_edges(
-    instruction: _Instruction, computation: _Computation, computations: dict[str, _Computation]
-) -> tuple[list[tuple[str, int]], str | None]:
-    """Callees of one instruction with how often each runs per execution.
-
-    Returns the edges and, for a while loop whose trip count is unknown, the
-    name of its body (the loop is then counted as running once).
-    """
-    if instruction.opcode in _NOT_CALLERS:
-        return [], None
-    names = [(m["attr"], m["name"]) for m in _CALLEE.finditer(instruction.attrs)]
-    for match in _CALLEE_LIST.finditer(instruction.attrs):
-        names += [("list", n.strip().lstrip("%")) for n in match["names"].split(",") if n.strip()]
-    for _, name in names:
-        if name not in computations:
-            raise ValueError(
-                f"instruction {instruction.name!r} in computation "
-                f"{computation.name!r} calls computation {name!r}, which the "
-                "text does not define; pass the whole module"
-            )
-    trips, unknown = 1, None
-    if instruction.opcode == "while":
-        found = _trip_count(instruction, computation, computations)
-        if found is None:
-            unknown = dict(names).get("body", instruction.name)
-        else:
-            trips = found
-    edges = []
-    for attr, name in names:
-        if instruction.opcode == "while" and attr == "body":
-            edges.append((name, trips))
-        elif instruction.opcode == "while" and attr == "condition":
-            # The condition runs once more than the body, to see it is done.
-            edges.append((name, trips + 1 if unknown is None else 1))
-        else:
-            # Conditional branches are all counted, as if each were taken.
-            edges.append((name, 1))
-    return edges, unknown
+def _is_matmul(instruction: Instruction) -> bool:
+    if instruction.opcode in ("dot", "convolution"):
+        return True
+    return instruction.opcode == "custom-call" and bool(_GEMM_TARGET.search(instruction.raw_attrs))
 
 
-def _trip_count(
-    loop: _Instruction, caller: _Computation, computations: dict[str, _Computation]
-) -> int | None:
-    if match := _KNOWN_TRIP_COUNT.search(loop.raw_attrs):
-        return int(match[1])
-    attrs = {m["attr"]: m["name"] for m in _CALLEE.finditer(loop.attrs)}
-    condition = computations.get(attrs.get("condition", ""))
-    body = computations.get(attrs.get("body", ""))
-    if condition is None or body is None or not loop.operands:
-        return None
-    # Without XLA's annotation, recognise "i = init; while i < limit: i += step".
-    compare = _value(computations, condition, condition.root, None)
-    if not compare or compare[0] != "compare":
-        return None
-    _, direction, lhs, rhs = compare
-    if rhs and rhs[0] == "gte":
-        lhs, rhs = rhs, lhs
-        direction = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}.get(direction)
-    if not (lhs and rhs and lhs[0] == "gte" and rhs[0] == "const"):
-        return None
-    index, limit = lhs[1], rhs[1]
-    init_tuple = caller.instructions.get(loop.operands[0])
-    body_root = body.instructions.get(body.root or "")
-    if (
-        init_tuple is None
-        or init_tuple.opcode != "tuple"
-        or body_root is None
-        or body_root.opcode != "tuple"
-        or index >= min(len(init_tuple.operands), len(body_root.operands))
-    ):
-        return None
-    init = _value(computations, caller, init_tuple.operands[index], None)
-    update = _value(computations, body, body_root.operands[index], None)
-    if not init or init[0] != "const" or not update or update[0] != "add":
-        return None
-    terms = {term[0]: term[1] for term in update[1:] if term}
-    if terms.get("gte") != index or "const" not in terms:
-        return None
-    start, step = init[1], terms["const"]
-    span = {
-        "LT": limit - start,
-        "LE": limit - start + 1,
-        "GT": start - limit,
-        "GE": start - limit + 1,
-    }.get(direction)
-    if span is None or (step > 0) != (direction in ("LT", "LE")) or step == 0:
-        return None
-    return max(0, -(-span // abs(step)))
-
-
-def _value(
-    computations: dict[str, _Computation],
-    computation: _Computation,
-    name: str | None,
-    params: list | None,
-) -> tuple | None:
-    """A small symbolic value of a scalar: const, gte (of the loop tuple), add, compare.
-
-    ``params`` maps a fused computation's parameters to the caller's values.
-    Returns None for anything else.
-    """
-    instruction = computation.instructions.get(name or "")
-    if instruction is None:
-        return None
-    opcode, operands = instruction.opcode, instruction.operands
-    if opcode == "constant":
-        return ("const", int(operands[0])) if re.fullmatch(r"-?\d+", operands[0]) else None
-    if opcode == "parameter":
-        index = int(operands[0])
-        if params is None:
-            return ("param", index)
-        return params[index] if index < len(params) else None
-    if opcode in ("copy", "bitcast", "convert", "reshape") and operands:
-        return _value(computations, computation, operands[0], params)
-    if opcode == "get-tuple-element" and operands:
-        base = _value(computations, computation, operands[0], params)
-        index = re.search(r"(?:^|[\s,])index=(\d+)", instruction.attrs)
-        return ("gte", int(index[1])) if base == ("param", 0) and index else None
-    if opcode in ("fusion", "call"):
-        callee = re.search(r"(?:^|[\s,])(?:calls|to_apply)=%?([^\s,{}()]+)", instruction.attrs)
-        fused = computations.get(callee[1]) if callee else None
-        if fused is None:
+def _matmul_flops(instruction: Instruction, computation: Computation) -> float | None:
+    """Flops of one dot, convolution or cuBLAS gemm; None when a shape is unknown."""
+    out = _array_dims(instruction.shape)
+    if instruction.opcode == "convolution":
+        kernel = _operand_dims(instruction, 1, computation)
+        labels = _KERNEL_LABELS.search(instruction.attrs)
+        if out is None or kernel is None or labels is None or len(labels["kernel"]) != len(kernel):
             return None
-        values = [_value(computations, computation, o, params) for o in operands]
-        return _value(computations, fused, fused.root, values)
-    if opcode in ("add", "compare") and len(operands) == 2:
-        lhs, rhs = (_value(computations, computation, o, params) for o in operands)
-        if opcode == "add":
-            return ("add", lhs, rhs)
-        direction = re.search(r"(?:^|[\s,])direction=(\w+)", instruction.attrs)
-        return ("compare", direction[1] if direction else None, lhs, rhs)
-    return None
+        sizes = zip(labels["kernel"], kernel, strict=True)
+        per_output = math.prod(n for label, n in sizes if label != "o")
+        return 2.0 * math.prod(out) * per_output
+    if instruction.opcode == "dot":
+        found = _LHS_CONTRACTING.search(instruction.attrs)
+    else:  # the gemm's config is JSON, which attrs blanks
+        found = _GEMM_CONTRACTING.search(instruction.raw_attrs)
+    # No contracting dims printed: an outer product, one term per output.
+    dims = found["dims"].split(",") if found else []
+    contracting = [int(d.strip(' "')) for d in dims if d.strip()]
+    lhs = _operand_dims(instruction, 0, computation)
+    if out is None or lhs is None or any(d >= len(lhs) for d in contracting):
+        return None
+    return 2.0 * math.prod(out) * math.prod(lhs[d] for d in contracting)
+
+
+def _operand_dims(
+    instruction: Instruction, index: int, computation: Computation
+) -> list[int] | None:
+    """Dims of an operand, from its inline shape or its definition in the computation.
+
+    Post-optimisation text names operands only (``dot(%param_0.1, ...)``); a
+    fused computation's parameters are instructions too, so the computation's
+    own table holds every operand.
+    """
+    if index >= len(instruction.operands):
+        return None
+    shape = instruction.operand_shapes[index]
+    if not shape:
+        definition = computation.instructions.get(instruction.operands[index])
+        shape = definition.shape if definition is not None else ""
+    return _array_dims(shape)
+
+
+def _array_dims(shape: str) -> list[int] | None:
+    """Dims of an array shape, or of a tuple shape's first leaf (a gemm's
+    output); None for no shape or a dynamic dim. A bounded dim ``<=N`` is N."""
+    match = _ARRAY.match(shape.lstrip("( "))
+    if match is None:
+        return None
+    dims = [d.strip().removeprefix("<=") for d in match["dims"].split(",") if d.strip()]
+    return [int(d) for d in dims] if all(d.isdigit() for d in dims) else None
+
+
+# --- bytes accessed ---------------------------------------------------------
+
+# Instructions that move no bytes themselves: they name, group or hand on
+# buffers, or their callees' instructions are counted instead.
+_NO_TRAFFIC = frozenset(
+    {
+        "parameter", "constant", "get-tuple-element", "tuple", "bitcast",
+        "while", "conditional", "call", "async-start", "async-update", "async-done",
+        "after-all", "add-dependency", "opt-barrier", "domain", "partition-id", "replica-id",
+    }
+)  # fmt: skip
+_SLICES = frozenset({"slice", "dynamic-slice"})
+
+
+def _traffic(
+    instruction: Instruction,
+    computation: Computation,
+    module: Module,
+    uses: _Uses,
+) -> int:
+    """Bytes one execution of an unfused instruction reads and writes."""
+    opcode = instruction.opcode
+    if opcode in _NO_TRAFFIC or opcode.endswith("-done"):  # a -start counted it
+        return 0
+    if opcode in _SLICES:
+        return 2 * _bytes(instruction.shape, instruction.line)
+    if opcode == "dynamic-update-slice":  # in place: only the update moves
+        return 2 * _operand_bytes(instruction, 1, computation)
+    if opcode == "fusion":
+        callee = _CALLS.search(instruction.attrs)
+        if callee is not None:
+            fused = module.computations[callee["name"]]
+            return _fusion_traffic(instruction, computation, fused, uses)
+    return _bytes(instruction.shape, instruction.line) + sum(
+        _operand_bytes(instruction, index, computation)
+        for index in range(len(instruction.operands))
+    )
+
+
+def _fusion_traffic(
+    fusion: Instruction,
+    computation: Computation,
+    fused: Computation,
+    uses: _Uses,
+) -> int:
+    if fused.name not in uses:
+        params, users = {}, {}
+        for instruction in fused.instructions.values():
+            if instruction.opcode == "parameter" and instruction.operands[0].isdigit():
+                params[int(instruction.operands[0])] = instruction.name
+            for operand in instruction.operands:
+                users.setdefault(operand, []).append(instruction)
+        uses[fused.name] = params, users
+    params, users = uses[fused.name]
+    root = _through_bitcasts(fused, fused.root)
+    if root is not None and root.opcode == "dynamic-update-slice":
+        traffic = _operand_bytes(root, 1, fused)
+    else:
+        traffic = _bytes(fusion.shape, fusion.line)
+    for index in range(len(fusion.operands)):
+        readers = _readers(params.get(index), users)
+        if readers and all(r.opcode in _SLICES and r.operands[0] == via for r, via in readers):
+            traffic += sum(_bytes(r.shape, r.line) for r, _ in readers)
+        elif readers and all(
+            r.opcode == "dynamic-update-slice" and r.operands[0] == via for r, via in readers
+        ):
+            continue  # the buffer updated in place
+        else:
+            traffic += _operand_bytes(fusion, index, computation)
+    return traffic
+
+
+def _readers(
+    name: str | None, users: dict[str, list[Instruction]]
+) -> list[tuple[Instruction, str]]:
+    """Instructions using ``name``, looking through bitcasts, with the name they use."""
+    found, pending = [], [name] if name else []
+    while pending:
+        current = pending.pop()
+        for user in users.get(current, []):
+            if user.opcode == "bitcast":
+                pending.append(user.name)
+            else:
+                found.append((user, current))
+    return found
+
+
+def _through_bitcasts(computation: Computation, name: str | None) -> Instruction | None:
+    instruction = computation.instructions.get(name or "")
+    while instruction is not None and instruction.opcode == "bitcast" and instruction.operands:
+        instruction = computation.instructions.get(instruction.operands[0])
+    return instruction
+
+
+def _operand_bytes(instruction: Instruction, index: int, computation: Computation) -> int:
+    shape = instruction.operand_shapes[index] if index < len(instruction.operand_shapes) else ""
+    if not shape:
+        definition = computation.instructions.get(instruction.operands[index])
+        shape = definition.shape if definition is not None else ""
+    if not shape:
+        raise ValueError(f"no shape for operand {index} of HLO line {instruction.line!r}")
+    return _bytes(shape, instruction.line)
+
+
+def _bytes(shape: str, line: str) -> int:
+    return _total(_parse_shape(shape, line))

@@ -9,11 +9,14 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardsearch._cost import loop_aware
 from shardsearch._hlo import (
     COLLECTIVE_KINDS,
     Collective,
     CollectiveSummary,
+    HloCost,
     parse_collectives,
+    parse_hlo,
 )
 
 # --- hand-written modules ---------------------------------------------------
@@ -341,8 +344,9 @@ def test_underivable_trip_count_counts_once_and_is_recorded():
     assert summary.unknown_trip_counts == ("body",)
 
 
-def _nested_loops(annotate):
-    """An outer loop of 4 trips (all-gather) around an inner one of 3 (all-reduce)."""
+def _nested_loops(annotate, extra=""):
+    """An outer loop of 4 trips (all-gather) around an inner one of 3 (all-reduce),
+    each body also holding the line `extra` (which may use %x = f32[8,128])."""
 
     def config(n):
         return f', backend_config={{"known_trip_count":{{"n":"{n}"}}}}' if annotate else ""
@@ -360,6 +364,7 @@ def _nested_loops(annotate):
   %b = (s32[], f32[8,128]{{1,0}}) parameter(0)
   %i = s32[] get-tuple-element(%b), index=0
   %x = f32[8,128]{{1,0}} get-tuple-element(%b), index=1
+  {extra}
 {inner}
   %one = s32[] constant(1)
   %next = s32[] add(%i, %one)
@@ -474,6 +479,300 @@ def test_call_attributes_inside_strings_are_not_followed():
     metadata = 'metadata={op_name="jit(f)/while body=%nowhere"}'
     line = f"%ar = f32[8,128]{{1,0}} all-reduce(%p), {GROUP8}, to_apply=%add, {metadata}"
     assert only(module(line)).count == 1
+
+
+# --- matmul flops ------------------------------------------------------------
+
+
+def cost(text):
+    return parse_hlo(text)[1]
+
+
+FUSED_DOT = """\
+%fused_dot (param_0.1: f32[8,128], param_1.1: f32[128,32]) -> f32[8,32] {
+  %param_0.1 = f32[8,128]{1,0} parameter(0)
+  %param_1.1 = f32[128,32]{1,0} parameter(1)
+  ROOT %dot_general.5 = f32[8,32]{1,0} dot(%param_0.1, %param_1.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""  # noqa: E501  (CPU, jax 0.10.2: operands by name, shapes from the parameter lines)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (  # CPU: operands by name, shapes from the computation's own lines
+            [
+                "%w = f32[128,32]{1,0} parameter(1)",
+                "%d = f32[8,32]{1,0} dot(%p, %w), lhs_contracting_dims={1}, "
+                "rhs_contracting_dims={0}",
+            ],
+            2 * 8 * 32 * 128,
+        ),
+        (  # older printers: operands with their shapes inline, not defined here
+            [
+                "%d = f32[16,64]{1,0} dot(f32[16,32]{1,0} %a, f32[32,64]{1,0} %b), "
+                "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+            ],
+            2 * 16 * 64 * 32,
+        ),
+        (  # batch dims are in the result; only the contracting dims multiply
+            [
+                "%d = f32[4,16,8]{2,1,0} dot(f32[4,16,32]{2,1,0} %a, f32[4,32,8]{2,1,0} %b), "
+                "lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, "
+                "rhs_contracting_dims={1}"
+            ],
+            2 * 4 * 16 * 8 * 32,
+        ),
+        (  # two contracting dims
+            [
+                "%d = f32[8]{0} dot(f32[8,4,16]{2,1,0} %a, f32[4,16]{1,0} %b), "
+                "lhs_contracting_dims={1,2}, rhs_contracting_dims={0,1}"
+            ],
+            2 * 8 * 4 * 16,
+        ),
+        (  # no contracting dims: an outer product
+            ["%d = f32[4,8]{1,0} dot(f32[4]{0} %a, f32[8]{0} %b)"],
+            2 * 4 * 8,
+        ),
+        (  # a bounded dynamic dim counts at its bound
+            [
+                "%d = f32[<=8,32]{1,0} dot(f32[<=8,128]{1,0} %a, f32[128,32]{1,0} %b), "
+                "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+            ],
+            2 * 8 * 32 * 128,
+        ),
+        (  # a fusion's calls= is followed to the dot inside
+            [
+                "%w = f32[128,32]{1,0} parameter(1)",
+                "%f = f32[8,32]{1,0} fusion(%p, %w), kind=kCustom, calls=%fused_dot",
+            ],
+            2 * 8 * 32 * 128,
+        ),
+    ],
+)
+def test_dot_flops(lines, expected):
+    hlo = cost(module(*lines, computations=FUSED_DOT))
+    assert (hlo.dot_flops, hlo.dot_flops_once, hlo.loop_factor) == (expected, expected, 1.0)
+    assert hlo.unknown_ops == ()
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (  # CPU, jax 0.10.2, conv_general_dilated(feature_group_count=2)
+            "%c = f32[2,16,16,4]{3,2,1,0} convolution(f32[2,16,16,8]{3,2,1,0} %x, "
+            "f32[3,3,4,4]{3,2,1,0} %k), window={size=3x3 pad=1_1x1_1}, "
+            "dim_labels=b01f_01io->b01f, feature_group_count=2",
+            # kernel 3x3 times 8 input features / 2 groups, per output element
+            2 * (2 * 16 * 16 * 4) * (3 * 3 * 4),
+        ),
+        (  # NCHW / OIHW labels: the kernel's "o" dim is the one left out
+            "%c = f32[2,4,14,14]{3,2,1,0} convolution(f32[2,8,16,16]{3,2,1,0} %x, "
+            "f32[4,8,3,3]{3,2,1,0} %k), window={size=3x3}, dim_labels=bf01_oi01->bf01",
+            2 * (2 * 4 * 14 * 14) * (8 * 3 * 3),
+        ),
+    ],
+)
+def test_convolution_flops(line, expected):
+    hlo = cost(module(line))
+    assert (hlo.dot_flops, hlo.unknown_ops) == (expected, ())
+
+
+GEMM_CONFIG = (
+    'backend_config={"operation_queue_id":"0","wait_on_operation_queues":[],'
+    '"gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":'
+    '{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],'
+    '"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"alpha_imag":0,'
+    '"precision_config":{"operand_precision":["DEFAULT","DEFAULT"]},"epilogue":"DEFAULT"}}'
+)
+
+
+@pytest.mark.parametrize("target", ["__cublas$gemm", "__cublas$lt$matmul"])
+def test_cublas_gemm_custom_calls_count_like_dots(target):
+    # GPU text (XLA's gemm rewriter): the result tuple holds the output, then
+    # a workspace; the dot dimensions live in the backend config.
+    text = module(
+        "%w = f32[128,16]{1,0} parameter(1)",
+        f"%g = (f32[8,16]{{1,0}}, s8[4194304]{{0}}) custom-call(%p, %w), "
+        f'custom_call_target="{target}", {GEMM_CONFIG}',
+        '%s = f32[8,8]{1,0} custom-call(%p), custom_call_target="__cublas$triangularSolve"',
+    )
+    assert cost(text).dot_flops == 2 * 8 * 16 * 128
+
+
+def _dot_loop(trips, annotate=True):
+    """ENTRY runs a loop of `trips` whose body calls FUSED_DOT, with a dot in ENTRY too."""
+    config = f', backend_config={{"known_trip_count":{{"n":"{trips}"}}}}' if annotate else ""
+    state = "(s32[], f32[8,128]{1,0}, f32[128,32]{1,0})"
+    loops = f"""\
+%body (a: (s32[], f32[8,128], f32[128,32])) -> (s32[], f32[8,128], f32[128,32]) {{
+  %a = {state} parameter(0)
+  %i = s32[] get-tuple-element(%a), index=0
+  %x = f32[8,128]{{1,0}} get-tuple-element(%a), index=1
+  %w = f32[128,32]{{1,0}} get-tuple-element(%a), index=2
+  %f = f32[8,32]{{1,0}} fusion(%x, %w), kind=kCustom, calls=%fused_dot
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = {state} tuple(%next, %x, %w)
+}}
+
+%cond (b: (s32[], f32[8,128], f32[128,32])) -> pred[] {{
+  %b = {state} parameter(0)
+  %j = s32[] get-tuple-element(%b), index=0
+  %n = s32[] constant({trips})
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
+}}
+"""
+    return module(
+        "%w0 = f32[128,32]{1,0} parameter(1)",
+        "%outside = f32[8,32]{1,0} dot(%p, %w0), lhs_contracting_dims={1}, "
+        "rhs_contracting_dims={0}",
+        "%zero = s32[] constant(0)",
+        f"%tuple = {state} tuple(%zero, %p, %w0)",
+        f"%while = {state} while(%tuple), condition=%cond, body=%body{config}",
+        computations=FUSED_DOT + loops,
+    )
+
+
+DOT = 2 * 8 * 32 * 128  # flops of FUSED_DOT, and of the dot beside the loop
+
+
+@pytest.mark.parametrize("annotate", [True, False], ids=["known_trip_count", "derived"])
+def test_dot_in_a_fusion_in_a_loop_body_counts_every_trip(annotate):
+    hlo = cost(_dot_loop(5, annotate))
+    assert hlo.dot_flops == DOT + 5 * DOT
+    assert hlo.dot_flops_once == DOT + DOT
+    assert hlo.loop_factor == 3.0
+
+
+def test_loop_that_never_runs_has_no_flops_but_xla_counts_it_once():
+    hlo = cost(_dot_loop(0))
+    assert (hlo.dot_flops, hlo.dot_flops_once, hlo.loop_factor) == (DOT, 2 * DOT, 0.5)
+
+
+@pytest.mark.parametrize("annotate", [True, False], ids=["known_trip_count", "derived"])
+def test_nested_loops_multiply_flops(annotate):
+    dot = "%d = f32[8,8]{1,0} dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={1}"
+    hlo = cost(_nested_loops(annotate, extra=dot))
+    assert hlo.dot_flops == (12 + 4) * 2 * 8 * 8 * 128  # inner 3 x 4 trips, outer 4
+    assert hlo.dot_flops_once == 2 * 2 * 8 * 8 * 128
+
+
+def test_every_conditional_branch_and_call_is_counted():
+    branches = "".join(
+        f"""\
+%{name} (q: f32[8,128]) -> f32[8,8] {{
+  %q = f32[8,128]{{1,0}} parameter(0)
+  ROOT %{name}_dot = f32[8,8]{{1,0}} dot(%q, %q), lhs_contracting_dims={{1}}, rhs_contracting_dims={{1}}
+}}
+"""  # noqa: E501
+        for name in ("b0", "b1")
+    )
+    text = module(
+        "%pred = pred[] constant(true)",
+        "%c = f32[8,8]{1,0} conditional(%pred, %p, %p), branch_computations={%b0, %b1}",
+        "%call = f32[8,8]{1,0} call(%p), to_apply=%b0",
+        computations=branches,
+    )
+    assert cost(text).dot_flops == 3 * 2 * 8 * 8 * 128
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "%d = f32[8,32]{1,0} dot(%nowhere, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "%d = f32[?,32]{1,0} dot(f32[?,128]{1,0} %a, f32[128,32]{1,0} %b), "
+        "lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "%d = f32[8,32]{1,0} dot(%p, %p), lhs_contracting_dims={5}, rhs_contracting_dims={0}",
+        "%d = f32[2,14,14,4]{3,2,1,0} convolution(f32[2,16,16,8]{3,2,1,0} %x, "
+        "f32[3,3,8,4]{3,2,1,0} %k), window={size=3x3}",
+    ],
+    ids=["undefined operand", "dynamic dim", "contracting dim out of range", "no dim_labels"],
+)
+def test_unknown_operands_are_skipped_and_recorded(line):
+    hlo = cost(
+        module(
+            line,
+            "%e = f32[8,8]{1,0} dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={1}",
+        )
+    )
+    assert hlo.dot_flops == 2 * 8 * 8 * 128  # the readable one still counts
+    assert hlo.unknown_ops == ("d",)
+
+
+def test_parse_hlo_gives_the_collectives_of_parse_collectives():
+    text = _nested_loops(True)
+    assert parse_hlo(text)[0] == parse_collectives(text)
+
+
+def test_hlo_cost_checks_its_fields():
+    assert HloCost().loop_factor == 1.0
+    assert HloCost(unknown_ops=["a"]).unknown_ops == ("a",)
+    with pytest.raises(ValueError, match=r"dot_flops=-1\.0 must be a number >= 0"):
+        HloCost(dot_flops=-1.0)
+    with pytest.raises(ValueError, match="bytes_accessed_once=nan"):
+        HloCost(bytes_accessed_once=float("nan"))
+
+
+# --- bytes accessed ---------------------------------------------------------
+
+SLICING = """\
+%take_row (param_0: f32[8,128], param_1: s32[]) -> f32[128] {
+  %param_0 = f32[8,128]{1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %ds = f32[1,128]{1,0} dynamic-slice(%param_0, %param_1, %zero), dynamic_slice_sizes={1,128}
+  ROOT %row = f32[128]{0} bitcast(%ds)
+}
+
+%put_row (param_0: f32[8,128], param_1: f32[128], param_2: s32[]) -> f32[8,128] {
+  %param_0 = f32[8,128]{1,0} parameter(0)
+  %param_1 = f32[128]{0} parameter(1)
+  %param_2 = s32[] parameter(2)
+  %zero = s32[] constant(0)
+  %b = f32[1,128]{1,0} bitcast(%param_1)
+  ROOT %dus = f32[8,128]{1,0} dynamic-update-slice(%param_0, %b, %param_2, %zero)
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("%n = f32[8,128]{1,0} negate(%p)", 2 * 4096),
+        ("%s = f32[2,128]{1,0} slice(%p), slice={[0:2], [0:128]}", 2 * 1024),
+        (
+            "%i = s32[] parameter(1)\n  %r = f32[128]{0} fusion(%p, %i), kind=kLoop, "
+            "calls=%take_row",
+            512 + 512 + 4,
+        ),  # reads the row it takes, writes it
+        (
+            "%i = s32[] parameter(1)\n  %v = f32[128]{0} parameter(2)\n  "
+            "%u = f32[8,128]{1,0} fusion(%p, %v, %i), kind=kLoop, calls=%put_row",
+            512 + 512 + 4,
+        ),  # updates the buffer in place: the row in, the row out
+        (
+            "%t = (f32[8,128]{1,0}, f32[8,128]{1,0}) tuple(%p, %p)\n  "
+            "%g = f32[8,128]{1,0} get-tuple-element(%t), index=0\n  "
+            "%b = f32[128,8]{0,1} bitcast(%g)",
+            0,
+        ),
+    ],
+    ids=["elementwise", "slice", "dynamic-slice fusion", "in-place update fusion", "plumbing"],
+)
+def test_bytes_accessed_per_instruction(line, expected):
+    hlo = cost(module(line, computations=SLICING))
+    assert hlo.bytes_accessed == hlo.bytes_accessed_once == expected
+
+
+def test_bytes_accessed_counts_loop_trips_and_not_fused_bodies():
+    hlo = cost(_dot_loop(5))
+    fusion = 4096 + 16384 + 1024  # reads x and w, writes the product
+    body = fusion + 3 * 4  # and the s32 counter's add
+    condition = 2 * 4 + 1  # compares two s32, writes a pred
+    outside = 4096 + 16384 + 1024  # the dot beside the loop
+    assert hlo.bytes_accessed_once == outside + body + condition
+    assert hlo.bytes_accessed == outside + 5 * body + 6 * condition
 
 
 # --- errors -----------------------------------------------------------------
@@ -702,3 +1001,99 @@ def test_real_data_dependent_while_is_counted_once_and_recorded(mesh):
     summary = parse_collectives(text)
     assert len(summary.unknown_trip_counts) == 1
     assert summary.collectives and all(c.count == 1 for c in summary.collectives)
+
+
+# --- matmul flops and bytes of real compiled text ---------------------------
+
+
+def compile_cpu(f, *shapes, in_shardings=None):
+    args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
+    jitted = jax.jit(f) if in_shardings is None else jax.jit(f, in_shardings=in_shardings)
+    compiled = jitted.lower(*args).compile()
+    analysis = compiled.cost_analysis()
+    _, hlo = parse_hlo(compiled.as_text())
+    return hlo, analysis["flops"], analysis["bytes accessed"]
+
+
+def test_real_matmul_flops_equal_xla_count():
+    hlo, flops, bytes_accessed = compile_cpu(lambda a: a @ a, (128, 128))
+    assert hlo.dot_flops == hlo.dot_flops_once == flops == 2 * 128**3
+    assert hlo.bytes_accessed == hlo.bytes_accessed_once == bytes_accessed
+    assert loop_aware(flops, bytes_accessed, hlo) == (flops, bytes_accessed)
+
+
+def test_real_scan_flops_count_every_step_where_xla_counts_one():
+    def f(x):
+        return lax.scan(lambda c, _: (c @ x, None), x, None, length=5)[0]
+
+    hlo, flops, bytes_accessed = compile_cpu(f, (128, 128))
+    assert flops == pytest.approx(2 * 128**3, rel=1e-5)  # XLA: the body once
+    assert hlo.dot_flops == 5 * 2 * 128**3
+    assert hlo.dot_flops_once == 2 * 128**3
+    assert hlo.loop_factor == 5.0
+    assert hlo.bytes_accessed_once == pytest.approx(bytes_accessed, rel=1e-3)
+    # Each of the 4 trips XLA leaves out reads two f32[128,128] and writes one.
+    assert hlo.bytes_accessed - hlo.bytes_accessed_once >= 4 * 3 * 128 * 128 * 4
+    total_flops, total_bytes = loop_aware(flops, bytes_accessed, hlo)
+    assert total_flops == pytest.approx(5 * 2 * 128**3, rel=1e-5)
+    assert total_bytes == pytest.approx(hlo.bytes_accessed, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "all_reduce_flops"),
+    [
+        (P("dp", "tp"), P("tp", None), 64 * 128),  # partial sums, added up after
+        (P("dp", None), P(None, "tp"), 0),
+    ],
+    ids=["contracting dim split", "output split"],
+)
+def test_real_sharded_matmul_flops_are_per_device(mesh24, lhs, rhs, all_reduce_flops):
+    shardings = (NamedSharding(mesh24, lhs), NamedSharding(mesh24, rhs))
+    hlo, flops, _ = compile_cpu(jnp.matmul, (128, 128), (128, 128), in_shardings=shardings)
+    assert hlo.dot_flops == 2 * 128**3 / 8
+    assert flops == hlo.dot_flops + all_reduce_flops
+
+
+@pytest.mark.parametrize(
+    ("f", "shapes", "dot_flops"),
+    [
+        (lambda x: jax.nn.softmax(x, -1), [(128, 128)], 0),
+        (
+            lambda x, k: lax.conv_general_dilated(x, k, (1, 1), "VALID"),
+            [(2, 8, 16, 16), (4, 8, 3, 3)],
+            2 * (2 * 4 * 14 * 14) * (8 * 3 * 3),
+        ),
+        (
+            lambda x, y: jnp.einsum("bij,bjk->bik", x, y),
+            [(4, 16, 32), (4, 32, 8)],
+            2 * 4 * 16 * 8 * 32,
+        ),
+    ],
+    ids=["softmax", "convolution", "batched matmul"],
+)
+def test_real_flops_and_bytes_match_xla_without_loops(f, shapes, dot_flops):
+    hlo, flops, bytes_accessed = compile_cpu(f, *shapes)
+    assert hlo.bytes_accessed == hlo.bytes_accessed_once == bytes_accessed
+    assert hlo.dot_flops == hlo.dot_flops_once == dot_flops
+    if dot_flops:  # matmuls alone: XLA counts exactly these flops
+        assert flops == dot_flops
+
+
+def test_real_scanned_training_step_counts_what_unrolling_counts():
+    def step(unroll):
+        def loss(ws, x):
+            return lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws, unroll=unroll)[0].sum()
+
+        return lambda ws, x: ws - 0.1 * jax.grad(loss)(ws, x)
+
+    shapes = ((4, 64, 64), (16, 64))
+    scanned, flops, bytes_accessed = compile_cpu(step(1), *shapes)
+    unrolled, unrolled_flops, _ = compile_cpu(step(True), *shapes)
+    assert unrolled.loop_factor == 1.0
+    # Forward 4 matmuls, backward 4 weight gradients and 3 input gradients:
+    # the scan also computes the first layer's input gradient, unused.
+    assert unrolled.dot_flops == 11 * 2 * 16 * 64 * 64
+    assert scanned.dot_flops == 12 * 2 * 16 * 64 * 64
+    assert flops < unrolled_flops / 3  # XLA counts one layer of the scan
+    total, _ = loop_aware(flops, bytes_accessed, scanned)
+    assert total == pytest.approx(unrolled_flops, rel=0.1)
