@@ -33,6 +33,7 @@ from ._rules import ShapeBasedShardingRule as ShapeBasedShardingRule
 from ._rules import ShardingRule as ShardingRule
 from ._rules import rule_from_config as rule_from_config
 from ._search import make_context as make_context
+from ._search import make_space as make_space
 from ._search import optimize as optimize
 from ._space import Candidate as Candidate
 from ._space import SearchSpace as SearchSpace
@@ -67,6 +68,7 @@ __all__ = [
     "load_plan",
     "load_rule",
     "make_context",
+    "make_space",
     "optimize",
     "parse_bytes",
     "parse_mesh",

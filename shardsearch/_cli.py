@@ -380,7 +380,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace) -> int:
-    from ._bench import load_suite, prepare_devices, run_suite
+    from ._bench import run_suite
+    from ._suite import load_suite, prepare_devices
 
     suite = _usage(load_suite, a.suite)
     ids = [i.strip() for i in a.entries.split(",") if i.strip()] if a.entries else None

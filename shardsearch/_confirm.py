@@ -65,7 +65,7 @@ def faster_than(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> 
 
 
 def retime(
-    finalists: Sequence[tuple[str, Sequence[Any]]],
+    finalists: Sequence[tuple[str, Sequence[Any]] | tuple[str, Sequence[Any], Context]],
     ctx: Context,
     rounds: int = 10,
 ) -> dict[str, Timing]:
@@ -75,15 +75,17 @@ def retime(
     so the paired comparison between them is fair.
 
     Args:
-      finalists: `(label, spec trees)` pairs.
+      finalists: `(label, spec trees)` pairs; a third item, a Context, runs
+        that finalist on its own mesh (the benchmarks' 1-device reference).
       ctx: the study's context (compiles are counted there).
       rounds: timed steps per finalist.
     """
     runners = []
-    for label, specs in finalists:
-        compiled, _ = _evaluate.compile_step(specs, ctx)
-        state, *batch = _evaluate.place(specs, ctx)
-        for _ in range(ctx.warmup):
+    for label, specs, *own in finalists:
+        c = own[0] if own else ctx
+        compiled, _ = _evaluate.compile_step(specs, c)
+        state, *batch = _evaluate.place(specs, c)
+        for _ in range(c.warmup):
             state, _m = jax.block_until_ready(compiled(state, *batch))
         runners.append([label, compiled, state, batch, []])
     for _ in range(rounds):

@@ -153,6 +153,26 @@ def use_compile_cache(folder: str | Path) -> Path:
     return path
 
 
+def make_space(
+    mesh: Any,
+    state: Any,
+    budget: int | None = None,
+    extra_rules: Mapping[str, ShardingRule] | None = None,
+) -> SearchSpace:
+    """The search space `optimize` explores for a state tree on a mesh.
+
+    Memory fractions refer to the budget, or to the state's total bytes when
+    there is none; `min_shard_size` choices run up past the largest leaf. The
+    mesh may be abstract (enough to enumerate and replay the space).
+    """
+    leaves = [x for x in jax.tree.leaves(state) if _tree.leaf_shape(x)]
+    state_bytes = sum(math.prod(_tree.leaf_shape(x)) * _tree.leaf_dtype(x).itemsize
+                      for x in leaves)
+    return SearchSpace(mesh, budget or max(state_bytes, 1),
+                       max((math.prod(_tree.leaf_shape(x)) for x in leaves), default=1),
+                       extra_rules or {})
+
+
 def make_context(
     step: Any,
     args: Sequence[Any] | None,
@@ -284,11 +304,7 @@ def optimize(
     step, abstract_args, budget = ctx.step, ctx.abstract_args, ctx.budget
     n_devices = _mesh.device_count(mesh)
 
-    state_leaves = [x for x in jax.tree.leaves(abstract_args[0]) if _tree.leaf_shape(x)]
-    state_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in state_leaves)
-    space = SearchSpace(mesh, budget or max(state_bytes, 1),
-                        max((math.prod(x.shape) for x in state_leaves), default=1),
-                        extra_rules or {})
+    space = make_space(mesh, abstract_args[0], budget, extra_rules)
     label = workload.name if workload is not None else getattr(step, "__name__", "step")
     name = study_name or _study_name(label, mesh, objective, abstract_args)
     with warnings.catch_warnings():

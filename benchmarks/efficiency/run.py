@@ -1,0 +1,427 @@
+"""Search-efficiency study: how many evaluations each Optuna sampler needs.
+
+For each workload, on a (2, 4) mesh of 8 simulated CPU devices:
+
+1. Timing (resumable). Enumerate every parameter combination of the search
+   space (`SearchSpace.enumerate()`, the space built as `optimize` builds it),
+   resolve each to its fingerprint (the hash of its spec trees), and time each
+   DISTINCT fingerprint once with `_evaluate.evaluate` (no pruning, no memory
+   budget). Each result is appended to `<workload>.timing.jsonl` as soon as it
+   is measured, so a killed run resumes where it stopped; at the end the whole
+   table (params -> fingerprint, fingerprint -> median seconds or cut/failed)
+   goes to `<workload>.table.json`.
+2. Replay. TPE (`TPESampler(seed)`, what `optimize` uses), random
+   (`RandomSampler(seed)`) and grid (`GridSampler` over the full grid, `seed`
+   shuffling its order) each propose through `SearchSpace.suggest`; a trial
+   looks its candidate up in the table instead of re-timing it (not complete:
+   pruned, as `optimize` reports a cut). Recorded per sampler and seed: the
+   trials, and the distinct fingerprints (= compiles, with the search's
+   cache), needed to come within `--tolerance` of the space's best median;
+   and the best-so-far after every trial. Results: `<workload>.json`,
+   `summary.md` and `<workload>.png` (matplotlib, if installed).
+
+Run from the repository root:
+
+    python benchmarks/efficiency/run.py                      # both workloads, ~hours
+    python benchmarks/efficiency/run.py --replay-only        # re-analyse the tables
+    python benchmarks/efficiency/run.py --workloads gpt:tiny --repeats 1 --limit 20 \
+        --out /tmp/eff                                      # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SAMPLERS = ("tpe", "random", "grid")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="gpt:tiny,mlp:small",
+                   help="comma-separated built-in workloads (default gpt:tiny,mlp:small)")
+    p.add_argument("--mesh", default="dp=2,tp=4", help="mesh axes (default dp=2,tp=4)")
+    p.add_argument("--out", default="benchmarks/results/efficiency", help="results folder")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per fingerprint (3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per fingerprint (1)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per sampler (5)")
+    p.add_argument("--budget", type=int,
+                   help="trials per replay (default: the number of distinct fingerprints)")
+    p.add_argument("--tolerance", type=float, default=0.03,
+                   help="'found' means within this fraction of the space's best (0.03)")
+    p.add_argument("--replay-only", action="store_true",
+                   help="reuse the recorded tables; time nothing (needs no devices)")
+    p.add_argument("--limit", type=int,
+                   help="time at most N distinct fingerprints (a quick check of the "
+                        "pipeline; its replay treats the untimed ones as cut)")
+    a = p.parse_args(argv)
+    from shardsearch import parse_mesh, use_cpu_devices
+
+    dims, names = parse_mesh(a.mesh)
+    if not a.replay_only:
+        import jax
+
+        # Before JAX starts its backend: the device count is fixed then. The
+        # study is about simulated CPU devices, also on a host with a GPU.
+        jax.config.update("jax_platforms", "cpu")
+        use_cpu_devices(math.prod(dims))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in [w.strip() for w in a.workloads.split(",") if w.strip()]:
+        table_path = out / f"{_slug(name)}.table.json"
+        if a.replay_only:
+            if not table_path.is_file():
+                print(f"run.py: error: no table {table_path}; run without --replay-only first",
+                      file=sys.stderr)
+                return 2
+            table = json.loads(table_path.read_text(encoding="utf-8"))
+        else:
+            table = build_table(name, dims, names, out, a.repeats, a.warmup, a.limit)
+            _write(table_path, table, rows=True)
+        result = replay_all(table, a.seeds, a.budget, a.tolerance)
+        _write(out / f"{_slug(name)}.json", result)
+        note = plot(result, out / f"{_slug(name)}.png")
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+        print(_one_line(result), flush=True)
+    summary = write_summary(out)
+    print(f"wrote {summary}")
+    return 0
+
+
+# --------------------------------------------------------------------------- space
+
+
+def _key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def _grid(combos: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Every parameter's values, in first-seen order (GridSampler's search space)."""
+    grid: dict[str, list[Any]] = {}
+    for params in combos:
+        for k, v in params.items():
+            if v not in grid.setdefault(k, []):
+                grid[k].append(v)
+    return grid
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def build_table(name: str, dims: tuple[int, ...], names: tuple[str, ...], out: Path,
+                repeats: int, warmup: int, limit: int | None) -> dict[str, Any]:
+    """Params -> fingerprint for the whole space, and each fingerprint timed once."""
+    import optuna
+
+    import shardsearch as ss
+    from shardsearch import _evaluate, make_space
+    from shardsearch._report import machine_info
+    from shardsearch.workloads import get_workload
+
+    workload = get_workload(name)
+    mesh = ss.create_mesh(dims, names)
+    ctx, _ = ss.make_context(workload, None, mesh, memory_budget=None, warmup=warmup,
+                             repeats=repeats)
+    space = make_space(mesh, ctx.abstract_args[0], ctx.budget)
+    start = time.perf_counter()
+    combos = space.enumerate()
+    rows, specs_of, invalid = [], {}, {}
+    for params in combos:
+        specs, fp = _evaluate.resolve(space.suggest(optuna.trial.FixedTrial(params)), ctx)
+        if specs is None:
+            invalid[_key(params)] = fp  # the reason
+            rows.append([params, None])
+            continue
+        specs_of.setdefault(fp, specs)
+        rows.append([params, fp])
+    print(f"{name}: {len(combos)} combinations, {len(specs_of)} distinct fingerprints, "
+          f"{len(invalid)} invalid ({time.perf_counter() - start:.0f} s to resolve)", flush=True)
+    # Shuffled, so slow drifts of the machine do not follow the enumeration
+    # order, and so a --limit run times a sample of the whole space.
+    order = list(specs_of)
+    random.Random(0).shuffle(order)
+    if limit is not None:
+        order = order[:limit]
+    log = out / f"{_slug(name)}.timing.jsonl"
+    timed = _read_log(log)
+    with log.open("a", encoding="utf-8") as f:
+        for i, fp in enumerate(order, 1):
+            if fp in timed:
+                continue
+            outcome = _evaluate.evaluate(specs_of[fp], fp, ctx)
+            timed[fp] = outcome.to_json()
+            f.write(json.dumps(timed[fp]) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            shown = (f"{outcome.value * 1e3:.3f} ms" if outcome.value is not None
+                     else f"{outcome.status}: {outcome.reason[:60]}")
+            print(f"  [{i}/{len(order)}] {fp}: {shown} (compile "
+                  f"{outcome.compile_seconds:.1f} s)", flush=True)
+    results = {}
+    for fp in specs_of:
+        o = timed.get(fp)
+        results[fp] = ({"status": "untimed", "median_seconds": None} if o is None else {
+            "status": o["status"], "median_seconds": o["value"], "step_times": o["step_times"],
+            "compile_seconds": o["compile_seconds"], "reason": o["reason"] or None,
+            "memory_total": o["memory"].get("total")})
+    grid = _grid(combos)
+    return {
+        "schema": 1, "workload": name, "mesh": dict(zip(names, dims, strict=True)),
+        "repeats": repeats, "warmup": warmup, "limit": limit, "machine": machine_info(
+            " ".join(["python", "benchmarks/efficiency/run.py", *sys.argv[1:]])),
+        "space": {"combinations": len(combos), "distinct": len(specs_of),
+                  "invalid": len(invalid), "grid": grid},
+        # One row per combination: its value of each column (null where the
+        # parameter is not asked, e.g. memory_fraction with memory_rule off), then
+        # its fingerprint (null: the rules refused the arguments).
+        "columns": list(grid),
+        "rows": [[params.get(c) for c in grid] + [fp] for params, fp in rows],
+        "fingerprints": results, "invalid_reasons": invalid,
+    }
+
+
+def _read_log(path: Path) -> dict[str, dict[str, Any]]:
+    """Fingerprints timed by an earlier run (a line cut by a kill is dropped)."""
+    timed: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            timed[record["fingerprint"]] = record
+    return timed
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def replay_all(table: dict[str, Any], seeds: int, budget: int | None,
+               tolerance: float) -> dict[str, Any]:
+    """Every sampler, every seed, against the table."""
+    import optuna
+
+    from shardsearch import abstract_mesh, make_space
+    from shardsearch.workloads import get_workload
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    mesh = abstract_mesh(tuple(table["mesh"].values()), tuple(table["mesh"]))
+    space = make_space(mesh, get_workload(table["workload"]).abstract()[0])
+    lookup = {_key(params): fp for params, fp in _params(table)}
+    values = {fp: r["median_seconds"] for fp, r in table["fingerprints"].items()
+              if r["status"] == "complete"}
+    if not values:
+        raise SystemExit(f"run.py: {table['workload']}: no fingerprint completed; nothing "
+                         "to replay")
+    best_fp = min(values, key=lambda k: (values[k], k))
+    best = values[best_fp]
+    budget = budget or table["space"]["distinct"]
+    out: dict[str, Any] = {
+        "workload": table["workload"], "mesh": table["mesh"], "tolerance": tolerance,
+        "budget": budget, "seeds": list(range(seeds)), "repeats": table["repeats"],
+        "limit": table.get("limit"),
+        "space": {**{k: v for k, v in table["space"].items() if k != "grid"},
+                  "complete": len(values),
+                  "within_tolerance": sum(v <= best * (1 + tolerance) for v in values.values()),
+                  "best": {"fingerprint": best_fp, "median_seconds": best,
+                           "params": next(p for p, f in _params(table) if f == best_fp)}},
+        "samplers": {},
+    }
+    for sampler in SAMPLERS:
+        runs = [replay(sampler, seed, space, table["space"]["grid"], lookup, values, budget,
+                       best * (1 + tolerance)) for seed in range(seeds)]
+        out["samplers"][sampler] = {"summary": {
+            "reached": sum(r["trials_to_target"] is not None for r in runs),
+            "trials_to_target": _spread([r["trials_to_target"] for r in runs]),
+            "distinct_to_target": _spread([r["distinct_to_target"] for r in runs]),
+            "best_at_budget": _spread([r["trace"][-1] for r in runs])}, "runs": runs}
+    return out
+
+
+def replay(sampler_name: str, seed: int, space: Any, grid: dict[str, list[Any]],
+           lookup: dict[str, str | None], values: dict[str, float], budget: int,
+           target: float) -> dict[str, Any]:
+    """One sampler and seed: trials look their candidate up instead of timing it."""
+    import optuna
+
+    samplers = {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+        "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+        "grid": lambda: optuna.samplers.GridSampler(grid, seed=seed),
+    }
+    study = optuna.create_study(sampler=samplers[sampler_name](), direction="minimize")
+    trace: list[float | None] = []
+    distinct: list[int] = []
+    seen: set[str] = set()
+    best = math.inf
+
+    def objective(trial: optuna.Trial) -> float:
+        nonlocal best
+        space.suggest(trial)
+        fp = lookup.get(_key(trial.params))
+        if fp is not None:
+            seen.add(fp)
+        value = values.get(fp) if fp is not None else None
+        if value is not None:
+            best = min(best, value)
+        trace.append(best if math.isfinite(best) else None)
+        distinct.append(len(seen))
+        if value is None:
+            raise optuna.TrialPruned()  # cut, failed or invalid: as optimize reports it
+        return value
+
+    study.optimize(objective, n_trials=budget)
+    hit = next((i for i, v in enumerate(trace) if v is not None and v <= target), None)
+    return {"seed": seed, "trials_to_target": None if hit is None else hit + 1,
+            "distinct_to_target": None if hit is None else distinct[hit],
+            "trace": trace, "distinct_trace": distinct}
+
+
+def _params(table: dict[str, Any]) -> list[tuple[dict[str, Any], str | None]]:
+    """The table's rows back as (params, fingerprint) pairs."""
+    columns = table["columns"]
+    return [({c: v for c, v in zip(columns, row[:-1], strict=True) if v is not None}, row[-1])
+            for row in table["rows"]]
+
+
+def _spread(xs: list[float | None]) -> dict[str, float | None]:
+    """Median, min and max; a run that never got there counts as infinitely late."""
+    got = [x for x in xs if x is not None]
+    ranked = sorted(math.inf if x is None else x for x in xs)
+    median = statistics.median(ranked) if ranked else None
+    return {"median": median if median is not None and math.isfinite(median) else None,
+            "min": min(got, default=None), "max": max(got, default=None)}
+
+
+# --------------------------------------------------------------------------- output
+
+
+def write_summary(out: Path) -> Path:
+    """`summary.md` from every `<workload>.json` in `out`."""
+    lines = ["# Search efficiency", "",
+             "How many evaluations each sampler needs to come within the tolerance of the "
+             "best median step time in the whole space (every distinct candidate timed once "
+             "beforehand). *trials*: Optuna trials; *distinct*: distinct fingerprints among "
+             "them, i.e. compiles with the search's cache. Median [min–max] over the seeds; "
+             "a seed that did not get there within the budget counts as infinitely late "
+             "(median `-` when half of them did not). Produced by "
+             "`benchmarks/efficiency/run.py`.", ""]
+    for path in sorted(out.glob("*.json")):
+        if path.name.endswith(".table.json"):
+            continue
+        lines += [*_summary_lines(json.loads(path.read_text(encoding="utf-8"))), ""]
+    target = out / "summary.md"
+    target.write_text("\n".join(lines), encoding="utf-8")
+    return target
+
+
+def _summary_lines(r: dict[str, Any]) -> list[str]:
+    s = r["space"]
+    mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+    head = [f"## {r['workload']} on {mesh}", "",
+            f"{s['combinations']} parameter combinations, {s['distinct']} distinct "
+            f"fingerprints ({s['complete']} completed, {s['invalid']} combinations invalid); "
+            f"best {s['best']['median_seconds'] * 1e3:.3f} ms ({s['best']['fingerprint']}), "
+            f"{s['within_tolerance']} fingerprints within {r['tolerance']:.0%} of it. "
+            f"{r['repeats']} timed repeats per fingerprint; budget {r['budget']} trials; "
+            f"seeds {r['seeds'][0]}–{r['seeds'][-1]}."
+            + (f" TRUNCATED: only {r['limit']} fingerprints timed (--limit)."
+               if r.get("limit") else ""), "",
+            "| sampler | reached | trials (median [min–max]) | distinct (median [min–max]) "
+            "| best at budget, ms (median) |", "|---|---|---|---|---|"]
+    for name, data in r["samplers"].items():
+        m = data["summary"]
+        best = m["best_at_budget"]["median"]
+        head.append(f"| {name} | {m['reached']}/{len(r['seeds'])} | "
+                    f"{_range(m['trials_to_target'])} | {_range(m['distinct_to_target'])} | "
+                    + ("-" if best is None else f"{best * 1e3:.3f}") + " |")
+    return head
+
+
+def _one_line(r: dict[str, Any]) -> str:
+    return f"{r['workload']}: trials to within {r['tolerance']:.0%} of the best: " + "; ".join(
+        f"{n} {_range(d['summary']['trials_to_target'])}" for n, d in r["samplers"].items())
+
+
+def _range(x: dict[str, Any]) -> str:
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:g}"
+
+    return f"{f(x['median'])} [{f(x['min'])}–{f(x['max'])}]"
+
+
+def plot(result: dict[str, Any], path: Path) -> str | None:
+    """Best-so-far (relative to the space's best) against trials: mean over
+    seeds with the min–max band, one line per sampler."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot skipped: matplotlib is not installed (pip install 'shardsearch[bench]')"
+    best = result["space"]["best"]["median_seconds"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (name, data) in enumerate(result["samplers"].items()):
+        traces = [[math.nan if v is None else v / best for v in run["trace"]]
+                  for run in data["runs"]]
+        xs = list(range(1, len(traces[0]) + 1))
+        cols = list(zip(*traces, strict=True))
+        mean = [statistics.fmean(c) if not any(map(math.isnan, c)) else math.nan for c in cols]
+        low = [min(c) for c in cols]
+        high = [max(c) for c in cols]
+        ax.plot(xs, mean, label=name, color=f"C{i}")
+        ax.fill_between(xs, low, high, color=f"C{i}", alpha=0.2)
+    ax.axhline(1 + result["tolerance"], color="black", linestyle="--", linewidth=0.8,
+               label=f"best + {result['tolerance']:.0%}")
+    ax.set_yscale("log")
+    ax.set_xlabel("trials (evaluations)")
+    ax.set_ylabel("best so far / best in the space")
+    mesh = ",".join(f"{k}={v}" for k, v in result["mesh"].items())
+    ax.set_title(f"{result['workload']} on {mesh}: mean over {len(result['seeds'])} seeds, "
+                 "min–max band", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def _write(path: Path, data: dict[str, Any], rows: bool = False) -> None:
+    """Whole or not at all; a table's rows and fingerprints one per line."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if rows:
+        parts = []
+        for key in sorted(data):
+            value = data[key]
+            if key == "rows":
+                inner = ",\n".join("  " + json.dumps(r) for r in value)
+                parts.append(f' "rows": [\n{inner}\n ]')
+            elif key == "fingerprints":
+                inner = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}"
+                                   for k, v in sorted(value.items()))
+                parts.append(f' "fingerprints": {{\n{inner}\n }}')
+            else:
+                parts.append(f" {json.dumps(key)}: {json.dumps(value, sort_keys=True)}")
+        text = "{\n" + ",\n".join(parts) + "\n}\n"
+    else:
+        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _slug(name: str) -> str:
+    return name.replace(":", "-")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

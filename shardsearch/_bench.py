@@ -1,0 +1,325 @@
+"""Running a benchmark suite: search each entry, then time every plan in one run.
+
+A suite (`_suite`: the hardware it is for and its entries) is run entry by
+entry. For each entry the runner
+
+  1. runs `optimize` (its study stored under the output folder, so a killed
+     entry resumes), whose own interleaved confirmation of its top candidates
+     and best baseline picks the winner exactly as a user's run would,
+  2. checks every plan — the winner, replicated, the original design's default
+     rule, each expert plan — against the budget (analyzer, then XLA),
+  3. re-times the plans that fit, plus a 1-device reference on simulated CPU
+     meshes, interleaved in ONE `_confirm.retime` run, so every comparison of
+     the entry is measured under the same conditions,
+  4. writes `<out>/<suite>/entries/<id>.json` and exports the winner to
+     `<rules>/<suite>/<id>.json`.
+
+Finished entries are kept and skipped on the next run, which is how a suite
+that takes hours resumes. `_report` turns the entry files into tables and plots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import optuna
+
+from . import _confirm, _cost, _evaluate, _mesh, _report
+from ._analyzer import ShardingAnalyzer
+from ._export import _finite, export_config, write_config
+from ._result import TrialRecord
+from ._search import baseline_candidates, make_context, open_study, optimize
+from ._suite import QUARTER, Entry, Suite
+from ._units import parse_bytes
+from .workloads import get_workload
+
+DEFAULT_OUT = Path("benchmarks/results")
+DEFAULT_RULES = Path("rules")
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteRun:
+    """What `run_suite` did: entry ids finished now, skipped (already done), failed."""
+
+    folder: Path
+    finished: tuple[str, ...]
+    skipped: tuple[str, ...]
+    failed: dict[str, str]
+    notes: tuple[str, ...]
+
+
+def run_suite(
+    suite: Suite,
+    *,
+    out: str | Path = DEFAULT_OUT,
+    rules_dir: str | Path = DEFAULT_RULES,
+    entries: Sequence[str] | None = None,
+    force: bool = False,
+    trials: int | None = None,
+    repeats: int | None = None,
+    rounds: int | None = None,
+    quiet: bool = True,
+    command: str = "",
+    log: Callable[[str], None] = lambda line: None,
+) -> SuiteRun:
+    """Runs the suite's entries that have no result yet, then rewrites the report.
+
+    Call `_suite.prepare_devices(suite)` first. An entry that fails is reported and
+    left without a result (the next run tries it again); the others go on.
+
+    Args:
+      suite: the suite.
+      out: results go to `<out>/<suite>/`.
+      rules_dir: winners are exported to `<rules_dir>/<suite>/<id>.json`.
+      entries: ids to run (default all).
+      force: rerun entries that already have a result (their studies resume).
+      trials, repeats, rounds: override the suite's (for quick checks).
+      quiet: no progress bar during searches.
+      command: the command line, recorded in machine.json.
+      log: called with one line per step.
+    """
+    selected = suite.select(entries)
+    folder = Path(out) / suite.name
+    (folder / "entries").mkdir(parents=True, exist_ok=True)
+    machine = _report.machine_info(command)
+    _write_json(folder / "machine.json", machine)
+    finished, skipped, failed = [], [], {}
+    for i, entry in enumerate(selected, 1):
+        target = folder / "entries" / f"{entry.id}.json"
+        tag = f"[{i}/{len(selected)}] {entry.id}"
+        if target.exists() and not force:
+            log(f"{tag}: done already ({target}); --force reruns it")
+            skipped.append(entry.id)
+            continue
+        log(f"{tag}: {entry.workload_name} on {entry.mesh}, {entry.objective}, budget "
+            f"{entry.budget or 'none'}")
+        try:
+            record = run_entry(suite, entry, folder, Path(rules_dir), trials=trials,
+                               repeats=repeats, rounds=rounds, quiet=quiet, log=log)
+        except (RuntimeError, ValueError) as err:  # this entry's, not the suite's
+            failed[entry.id] = f"{type(err).__name__}: {err}"
+            log(f"{tag}: FAILED: {failed[entry.id]}")
+            continue
+        record["machine"] = machine
+        _write_json(target, record)
+        finished.append(entry.id)
+        log(f"{tag}: {_report.entry_line(record)}")
+        _report.write_report(suite, folder)
+    notes = _report.write_report(suite, folder)
+    return SuiteRun(folder, tuple(finished), tuple(skipped), failed, tuple(notes))
+
+
+def resolve_budget(entry: Entry, workload: Any, mesh: Any) -> dict[str, Any]:
+    """The entry's budget in bytes (`"bytes"`, None for none) and how it was set.
+
+    "quarter" is a quarter of the replicated plan's XLA total per device
+    (arguments + outputs + temporaries - aliased), the figure the search's
+    compile-stage cut compares with the budget. A quarter of its arguments
+    alone (the analyzer's estimate, also recorded) is below every plan's XLA
+    total for the transformer workloads, whose activations outweigh their
+    parameters, so no plan at all would fit.
+    """
+    out: dict[str, Any] = {"spec": entry.budget, "bytes": None}
+    if entry.budget == QUARTER:
+        ctx, _ = make_context(workload, None, mesh, memory_budget=None, objective="static")
+        replicated = baseline_candidates(None, mesh)["replicated"].specs(ctx.abstract_args)
+        out["replicated_arguments"] = ShardingAnalyzer(mesh).estimate_memory_usage(
+            tuple(ctx.abstract_args), replicated)["size_per_device"]
+        compiled, _seconds = _evaluate.compile_step(replicated, ctx)
+        out["replicated_total"] = _evaluate.xla_memory(compiled)["total"]
+        out["bytes"] = out["replicated_total"] // 4
+    elif entry.budget is not None:
+        out["bytes"] = parse_bytes(entry.budget)
+    return out
+
+
+def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
+              trials: int | None = None, repeats: int | None = None,
+              rounds: int | None = None, quiet: bool = True,
+              log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Searches one entry, compares every plan in one interleaved run, exports
+    the winner; returns the entry's record (what `entries/<id>.json` holds)."""
+    workload = get_workload(entry.workload_name)
+    dims, names = _mesh.parse_mesh(entry.mesh)
+    mesh = _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])
+    budget = resolve_budget(entry, workload, mesh)
+    repeats = repeats or suite.repeats
+    n_trials = trials or entry.trials
+    hardware = _cost.HARDWARE[suite.hardware] if suite.hardware else None
+    storage = f"sqlite:///{(folder / 'studies.db').resolve()}"
+    study_name = f"bench/{suite.name}/{entry.id}"
+    before = _finished_trials(storage, study_name)
+    start = time.perf_counter()
+    result = optimize(
+        workload, mesh=mesh, n_trials=max((n_trials or 10**6) - before, 0),
+        timeout=entry.timeout, memory_budget=budget["bytes"], objective=entry.objective,
+        storage=storage, study_name=study_name, seed=entry.seed, warmup=suite.warmup,
+        repeats=repeats, confirm_rounds=max((rounds or suite.rounds) // 2, 6),
+        hardware=hardware, quiet=quiet)
+    wall = time.perf_counter() - start
+    log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
+        f"{wall:.0f} s; comparing the plans")
+    ctx, _ = make_context(workload, None, mesh, memory_budget=budget["bytes"],
+                          objective=entry.objective, seed=entry.seed, warmup=suite.warmup,
+                          repeats=repeats, hardware=hardware)
+    known = {r.outcome.fingerprint: r.outcome for r in result.trials
+             if r.outcome.fingerprint and not r.outcome.cache_hit}
+    win_fp = _evaluate.fingerprint(result.best_specs)
+    win_trial = min((r.number for r in result.trials
+                     if r.outcome.fingerprint == win_fp and r.outcome.status == "complete"),
+                    default=None)
+    plans = [_plan_row("winner", "winner", result.best_specs, ctx, known)]
+    plans[0]["source"] = (f"search (trial {win_trial})" if result.best_label == "search"
+                          else result.best_label)
+    for label, candidate in baseline_candidates(workload, mesh).items():
+        specs, fp = _evaluate.resolve(candidate, ctx)
+        role = label if label in ("replicated", "default") else "expert"
+        plans.append(_plan_row(label, role, specs, ctx, known, invalid=fp))
+    one_ctx = None
+    if suite.simulated and entry.objective == "measured":
+        one = _mesh.create_mesh((1,), ("x",), devices=jax.devices()[:1])
+        one_ctx = dataclasses.replace(ctx, mesh=one, budget=None, compiles=0)
+        # The replicated specs name no mesh axis, so they run on any mesh.
+        single = next(p["specs"] for p in plans if p["label"] == "replicated")
+        plans.append(_plan_row("single_device", "single_device", single, one_ctx, {}))
+        plans[-1]["context"] = one_ctx
+    rounds = rounds or suite.rounds
+    if entry.objective == "measured":
+        _time_plans(plans, ctx, rounds)
+    compare = time.perf_counter() - start - wall
+    config = export_config(result)
+    rule_file = write_config(config, rules_dir / suite.name / f"{entry.id}.json")
+    cut = [r for r in result.trials if r.outcome.status == "cut"]
+    trial_seconds = sum(r.seconds for r in result.trials)
+    cut_seconds = sum(r.seconds for r in cut)
+    for plan in plans:
+        plan.pop("specs"), plan.pop("context", None)
+    return {
+        "schema": 1,
+        "suite": suite.name,
+        "entry": dataclasses.asdict(entry),
+        "workload": entry.workload_name,
+        "mesh": _mesh.axis_sizes(mesh),
+        "objective": entry.objective,
+        "hardware_model": (_cost.hardware_for(mesh.devices.flat[0].platform, hardware).name
+                           if entry.objective == "static" else None),
+        "budget": budget,
+        "timing": {"warmup": suite.warmup, "repeats": repeats, "rounds": rounds,
+                   "trials": n_trials, "overridden": trials is not None},
+        "plans": plans,
+        "speedups": _report.speedups(plans),
+        "search": {
+            "study": study_name, "storage": "studies.db", "wall_seconds": wall,
+            "compare_seconds": compare,
+            "compare_compiles": ctx.compiles + (one_ctx.compiles if one_ctx else 0),
+            "trials_before": before, "trial_seconds": trial_seconds,
+            "cut_seconds": cut_seconds,
+            "cut_share": cut_seconds / trial_seconds if trial_seconds else None,
+            "compiles": result.compiles, "trials": result.summary(),
+            "winner": {"label": result.best_label, "trial": win_trial,
+                       "search_seconds": known[win_fp].value if win_fp in known else None},
+            "outputs_match": result.outputs_match,
+            "max_relative_error": result.max_relative_error,
+        },
+        "rule_file": str(rule_file),
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _finished_trials(storage: str, study_name: str) -> int:
+    """Trials an earlier run of this entry recorded (0 for a new study)."""
+    try:
+        if study_name not in optuna.study.get_all_study_names(storage):
+            return 0
+    except Exception:  # a missing or new database: optimize reports real problems
+        return 0
+    study = open_study(storage, study_name, create=False)
+    return sum(TrialRecord.from_trial(t) is not None for t in study.get_trials(deepcopy=False))
+
+
+def _plan_row(label: str, role: str, specs: Any, ctx: Any, known: Mapping[str, Any],
+              invalid: str = "") -> dict[str, Any]:
+    """A plan's fit and memory: from the search's record of its specs when it
+    has one, else checked here (analyzer, then a compile for XLA's numbers)."""
+    row: dict[str, Any] = {"label": label, "role": role, "specs": specs, "fits": False,
+                           "status": None, "reason": None, "median_seconds": None,
+                           "ci_seconds": None, "times": [], "timed_as": None}
+    if specs is None:
+        return {**row, "fingerprint": None, "status": "invalid", "reason": invalid,
+                "memory_per_device": {}}
+    fp = _evaluate.fingerprint(specs)
+    row["fingerprint"] = fp
+    outcome = known.get(fp)
+    if outcome is None or (ctx.objective == "measured" and "total" not in outcome.memory
+                           and outcome.cut_stage != 1):
+        outcome = _check(specs, fp, ctx)
+    row["memory_per_device"] = dict(sorted(outcome.memory.items()))
+    if outcome.status == "failed" or outcome.cut_stage in (1, 2):
+        row["status"] = "failed" if outcome.status == "failed" else "does not fit"
+        row["reason"] = outcome.reason
+        return row
+    row["fits"] = True
+    if ctx.objective == "static":
+        row.update(status="estimated", median_seconds=outcome.value)
+    return row
+
+
+def _check(specs: Any, fp: str, ctx: Any) -> Any:
+    """Stages 1–2 of an evaluation (stage 3 too for the static objective)."""
+    if ctx.objective == "static":
+        return _evaluate.evaluate(specs, fp, ctx)
+    cut = _evaluate.check(specs, fp, ctx)
+    if cut is not None:
+        return cut
+    memory = {"arguments": ShardingAnalyzer(ctx.mesh).estimate_memory_usage(
+        tuple(ctx.abstract_args), tuple(specs))["size_per_device"]}
+    try:
+        compiled, _seconds = _evaluate.compile_step(specs, ctx)
+    except Exception as err:  # the plan's failure, recorded with it
+        return _evaluate.Outcome(fp, _evaluate.FAILED, None,
+                                 f"compile failed: {type(err).__name__}: {err}", memory=memory)
+    memory.update(_evaluate.xla_memory(compiled))
+    if ctx.budget is not None and memory["total"] > ctx.budget:
+        return _evaluate.Outcome(fp, _evaluate.CUT, 2, f"XLA needs {memory['total']} bytes "
+                                 f"per device, over the budget of {ctx.budget}", memory=memory)
+    return _evaluate.Outcome(fp, _evaluate.COMPLETE, memory=memory)
+
+
+def _time_plans(plans: list[dict[str, Any]], ctx: Any, rounds: int) -> None:
+    """Every distinct plan that fits, timed in one interleaved run; twins share."""
+    first: dict[str, str] = {}
+    finalists: list[tuple[Any, ...]] = []
+    for plan in plans:
+        if not plan["fits"]:
+            continue
+        key = plan["fingerprint"] if plan["role"] != "single_device" else "single_device"
+        if key in first:
+            plan["timed_as"] = first[key]
+            continue
+        first[key] = plan["label"]
+        own = (plan["context"],) if "context" in plan else ()
+        finalists.append((plan["label"], plan["specs"], *own))
+    timings = _confirm.retime(finalists, ctx, rounds)
+    for plan in plans:
+        timing = timings.get(plan["timed_as"] or plan["label"])
+        if timing is not None:
+            plan.update(status="timed", median_seconds=timing.median, ci_seconds=list(timing.ci),
+                        times=list(timing.times))
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Whole or not at all, keys sorted, strict JSON (NaN as null)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(_finite(data), indent=1, sort_keys=True, allow_nan=False) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,347 @@
+"""Benchmark reports: the machine, one Markdown table per suite, and plots.
+
+Everything here reads the entry files `_bench` wrote, so a report can be
+regenerated at any time from whatever entries have finished. Plots need
+matplotlib (the `bench` extra); without it they are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import _confirm
+
+MATPLOTLIB_MISSING = ("plots skipped: matplotlib is not installed (pip install "
+                      "'shardsearch[bench]' or pip install matplotlib)")
+
+
+def machine_info(command: str = "") -> dict[str, Any]:
+    """What the numbers were measured on: CPU, cores, memory, devices, versions.
+
+    Example: `{"cpu": "AMD EPYC 7B13", "cores": 2, "memory_bytes": 25..., ...}`.
+    """
+    import jax
+
+    from ._export import versions
+
+    devices = jax.devices()
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count()
+    return {
+        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or None,
+        "cores": os.cpu_count(),
+        "cores_usable": usable,
+        "memory_bytes": _meminfo_bytes(),
+        "os": platform.platform(),
+        "devices": {"platform": devices[0].platform, "device_kind": devices[0].device_kind,
+                    "count": len(devices)},
+        "versions": versions(),
+        "command": command,
+        "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _proc_field(path: str, key: str) -> str | None:
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, sep, value = line.partition(":")
+        if sep and name.strip() == key:
+            return value.strip()
+    return None
+
+
+def _meminfo_bytes() -> int | None:
+    value = _proc_field("/proc/meminfo", "MemTotal")  # "24567356 kB"
+    if not value:
+        return None
+    number, _, unit = value.partition(" ")
+    return int(number) * (1024 if unit.strip().lower() == "kb" else 1)
+
+
+# --------------------------------------------------------------------------- speedups
+
+
+def speedups(plans: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The winner against replicated, default, the best expert that fits, and
+    (simulated meshes) one device."""
+    by = {p["label"]: p for p in plans}
+    winner = by["winner"]
+    experts = [p for p in plans if p["role"] == "expert" and p["median_seconds"] is not None]
+    best = min(experts, key=lambda p: (p["median_seconds"], p["label"]), default=None)
+    out = {"vs_replicated": _speedup(winner, by.get("replicated")),
+           "vs_default": _speedup(winner, by.get("default")),
+           "vs_best_expert": _speedup(winner, best)}
+    if "single_device" in by:
+        single = _speedup(winner, by["single_device"])
+        if single["speedup"]:
+            single["time_ratio"] = 1 / single["speedup"]
+        out["vs_single_device"] = single
+    return out
+
+
+def _speedup(winner: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`speedup` = reference median / winner median (above 1: the winner is faster),
+    the 95% CI of the per-round ratio, and the paired Wilcoxon verdict."""
+    out: dict[str, Any] = {"reference": ref["label"] if ref else None, "speedup": None,
+                           "ratio_ci": None, "verdict": None, "note": None}
+    if ref is None:
+        out["note"] = "no expert plan fits the budget"
+        return out
+    if ref["median_seconds"] is None or winner["median_seconds"] is None:
+        out["note"] = f"{ref['label']}: {ref['status']}"
+        return out
+    if ref["fingerprint"] == winner["fingerprint"] and ref["role"] != "single_device":
+        return {**out, "speedup": 1.0, "ratio_ci": [1.0, 1.0], "verdict": "same plan"}
+    out["speedup"] = ref["median_seconds"] / winner["median_seconds"]
+    a, b = winner["times"], ref["times"]
+    if not (a and b):
+        out["note"] = "static estimates: no confidence interval, no test"
+        return out
+    out["ratio_ci"] = list(_confirm.median_ci([r / w for r, w in zip(b, a, strict=True)]))
+    if len(a) < 6:
+        out["note"] = "fewer than 6 paired rounds: no significance test"
+    else:
+        out["verdict"] = ("faster" if _confirm.faster_than(a, b) else
+                          "slower" if _confirm.faster_than(b, a) else "tie")
+    return out
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def load_entries(suite: Any, folder: Path) -> list[dict[str, Any]]:
+    """Finished entry records under `folder/entries`, in suite order (others last)."""
+    records = {}
+    for path in sorted((folder / "entries").glob("*.json")):
+        try:
+            records[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue  # a file being written by another run; its next report has it
+    order = [e.id for e in suite.entries]
+    return [records[k] for k in sorted(records, key=lambda k: (
+        order.index(k) if k in order else len(order), k))]
+
+
+def write_report(suite: Any, folder: Path) -> list[str]:
+    """Rewrites `results.md` and the plots from the finished entries.
+
+    Returns:
+      Notes for the user (e.g. that plots were skipped).
+    """
+    records = load_entries(suite, folder)
+    machine = _read(folder / "machine.json") or {}
+    (folder / "results.md").write_text(markdown(suite, records, machine), encoding="utf-8")
+    if not records:
+        return []
+    return plot_speedups(suite.name, records, folder / "speedups.png")
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
+             machine: Mapping[str, Any]) -> str:
+    """The suite's results table, one row per finished entry."""
+    versions = machine.get("versions") or {}
+    memory = machine.get("memory_bytes")
+    static = any(r["objective"] == "static" for r in records)
+    lines = [
+        f"# Benchmark suite `{suite.name}`", "",
+        *([suite.description, ""] if suite.description else []),
+        f"{len(records)} of {len(suite.entries)} entries finished. Machine: "
+        f"{machine.get('cpu')}, {machine.get('cores')} cores, "
+        f"{_bytes(memory) if memory else '?'} memory; jax {versions.get('jax')}, jaxlib "
+        f"{versions.get('jaxlib')}, optuna {versions.get('optuna')} (details in "
+        f"`machine.json`, raw numbers in `entries/<id>.json`).", "",
+        f"Command: `{machine.get('command', '')}`", "",
+        "| entry | workload | mesh | budget/device | winner | ms [95% CI] | replicated ms "
+        "| default ms | best expert ms | × replicated | × default | × best expert "
+        "| × 1 device | memory/device | search |",
+        "|" + "---|" * 15,
+    ]
+    for r in records:
+        plans = {p["label"]: p for p in r["plans"]}
+        s = r["speedups"]
+        best = s["vs_best_expert"]["reference"]
+        winner = plans["winner"]
+        lines.append("| " + " | ".join([
+            r["entry"]["id"], r["workload"],
+            ",".join(f"{k}={v}" for k, v in r["mesh"].items()),
+            _budget(r["budget"]),
+            f"{winner.get('source')}" + (" (est.)" if r["objective"] == "static" else ""),
+            _ms(winner), _ms(plans.get("replicated")), _ms(plans.get("default")),
+            f"{best}: {_ms(plans[best])}" if best else "none fits",
+            _times(s["vs_replicated"]), _times(s["vs_default"]), _times(s["vs_best_expert"]),
+            _times(s["vs_single_device"]) if "vs_single_device" in s else "-",
+            _memory(winner), _search(r["search"]),
+        ]) + " |")
+    lines += ["", *LEGEND]
+    if static:
+        lines += ["- Entries with objective `static` show XLA-based estimates, not "
+                  "measurements: no CI and no verdict."]
+    return "\n".join(lines) + "\n"
+
+
+LEGEND = (
+    "How to read it:",
+    "",
+    "- *winner*: what the search chose (`search (trial N)`, or the baseline that won).",
+    "- *ms [95% CI]*: median step time over the interleaved comparison rounds, with a "
+    "distribution-free 95% confidence interval of the median. Every plan of an entry was "
+    "timed in the same run. `no fit (X)`: the plan needs X per device, over the budget "
+    "(not timed).",
+    "- *× reference*: reference median / winner median (above 1x: the winner is faster), "
+    "the 95% CI of the per-round ratio, and the one-sided paired Wilcoxon verdict "
+    "(`faster`, `slower`, `tie`; `same plan` when the winner is that plan).",
+    "- *× 1 device*: the same step, replicated, on one device of the same machine "
+    "(simulated CPU meshes only: all simulated devices share the real cores).",
+    "- *memory/device*: the winner's XLA total per device (arguments from the analyzer).",
+    "- *search*: wall time of the search, compiles, trials (completed / cut at check, "
+    "compile, measure / failed / cache hits) and the share of trial time spent on "
+    "candidates that were cut.",
+)
+
+
+def _ms(plan: Mapping[str, Any] | None) -> str:
+    if plan is None:
+        return "-"
+    if plan["median_seconds"] is None:
+        mem = plan["memory_per_device"]
+        need = mem.get("total", mem.get("arguments"))
+        if plan["status"] == "does not fit":
+            return f"no fit ({_bytes(need)})" if need is not None else "no fit"
+        return plan["status"] or "-"
+    text = f"{plan['median_seconds'] * 1e3:.3g}"
+    if plan["ci_seconds"]:
+        lo, hi = plan["ci_seconds"]
+        text += f" [{lo * 1e3:.3g}–{hi * 1e3:.3g}]"
+    return text
+
+
+def _times(s: Mapping[str, Any]) -> str:
+    if s["speedup"] is None:
+        return "-"
+    text = f"{s['speedup']:.2f}x"
+    if s["ratio_ci"] and s["verdict"] != "same plan":
+        text += f" [{s['ratio_ci'][0]:.2f}–{s['ratio_ci'][1]:.2f}]"
+    return text + (f" {s['verdict']}" if s["verdict"] else "")
+
+
+def _budget(budget: Mapping[str, Any]) -> str:
+    if budget["bytes"] is None:
+        return "none"
+    return _bytes(budget["bytes"]) + (" (quarter)" if budget["spec"] == "quarter" else "")
+
+
+def _memory(plan: Mapping[str, Any]) -> str:
+    mem = plan["memory_per_device"]
+    text = _bytes(mem["total"]) if "total" in mem else "-"
+    return text + (f" (args {_bytes(mem['arguments'])})" if "arguments" in mem else "")
+
+
+def _search(s: Mapping[str, Any]) -> str:
+    t = s["trials"]
+    share = f"{s['cut_share']:.0%}" if s["cut_share"] is not None else "-"
+    return (f"{s['wall_seconds']:.0f} s, {s['compiles']} compiles; {t['trials']} trials: "
+            f"{t['completed']} / {t['cut_check']}, {t['cut_compile']}, {t['cut_measure']} / "
+            f"{t['failed']} / {t['cache_hits']}; {share} on cut")
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def entry_line(record: Mapping[str, Any]) -> str:
+    """One line for the log: the winner, its time and its speedups."""
+    winner = next(p for p in record["plans"] if p["label"] == "winner")
+    s = record["speedups"]
+    parts = [f"winner {winner.get('source')} {_ms(winner)} ms"]
+    for key, name in (("vs_replicated", "replicated"), ("vs_default", "default"),
+                      ("vs_best_expert", f"best expert {s['vs_best_expert']['reference']}"),
+                      ("vs_single_device", "1 device")):
+        if key in s and s[key]["speedup"] is not None:
+            parts.append(f"{_times(s[key])} vs {name}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plot_speedups(suite_name: str, records: Sequence[Mapping[str, Any]],
+                  path: Path) -> list[str]:
+    """Bars of the winner's speedups, one panel per workload, CIs as error bars.
+
+    Returns:
+      `[]`, or a note saying why nothing was drawn.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [MATPLOTLIB_MISSING]
+    refs = (("vs_replicated", "replicated"), ("vs_default", "default"),
+            ("vs_best_expert", "best expert"), ("vs_single_device", "1 device"))
+    workloads = list(dict.fromkeys(r["workload"] for r in records))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 4.2),
+                             squeeze=False)
+    for ax, name in zip(axes[0], workloads, strict=True):
+        rows = [r for r in records if r["workload"] == name]
+        width = 0.8 / len(refs)
+        for j, (key, label) in enumerate(refs):
+            xs, ys, errs = [], [], [[], []]
+            for i, r in enumerate(rows):
+                s = r["speedups"].get(key)
+                if not s or s["speedup"] is None:
+                    continue
+                lo, hi = s["ratio_ci"] or (s["speedup"], s["speedup"])
+                xs.append(i + (j - (len(refs) - 1) / 2) * width)
+                ys.append(s["speedup"])
+                errs[0].append(max(s["speedup"] - lo, 0))
+                errs[1].append(max(hi - s["speedup"], 0))
+            if xs:
+                # Bars grow from 1x, up when the winner is faster, down when slower.
+                ax.bar(xs, [y - 1 for y in ys], width, bottom=1, yerr=errs, capsize=2,
+                       label=label, color=f"C{j}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([_short(r) for r in rows], rotation=30, ha="right", fontsize=8)
+        ax.set_title(name)
+        ax.set_ylabel("winner's speedup (x)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{suite_name}: shardsearch's winner against each reference")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return []
+
+
+def _short(record: Mapping[str, Any]) -> str:
+    mesh = ",".join(f"{k}={v}" for k, v in record["mesh"].items())
+    spec = record["budget"]["spec"]
+    return mesh + (f"\n{spec}" if spec else "")

@@ -1,0 +1,284 @@
+"""Benchmark suite files: what hardware a suite is for and its entries.
+
+A suite is a JSON file, `benchmarks/suites/<name>.json` (fields in
+`benchmarks/README.md`). `load_suite` reads and checks one, naming the file
+and the entry in every error; `prepare_devices` makes JAX's devices the
+suite's (simulating CPU devices when it asks) or refuses. `_bench` runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from . import _cost, _mesh
+from ._units import parse_bytes
+
+SUITES_DIR = Path("benchmarks/suites")
+PLATFORMS = ("cpu", "gpu", "tpu")
+OBJECTIVES = ("measured", "static")
+# A quarter of what the replicated plan needs per device (`_bench.resolve_budget`):
+# plain data parallelism does not fit, so the plan must shard the parameters.
+QUARTER = "quarter"
+_ENTRY_KEYS = ("id", "workload", "size", "mesh", "trials", "timeout", "budget", "objective",
+               "seed")
+_SUITE_KEYS = ("schema", "suite", "description", "platform", "devices", "simulated", "hardware",
+               "timing", "entries")
+_TIMING_KEYS = ("warmup", "repeats", "rounds")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One benchmark: a workload on a mesh with a search budget.
+
+    Attributes:
+      id: unique in its suite; names the result and rule files.
+      workload, size: a built-in workload and its preset ("gpt", "small").
+      mesh: axes as `name=size` pairs, e.g. "dp=2,tp=4" (no -1).
+      trials: trials of the search, baselines included (None: until `timeout`).
+      timeout: seconds of search (None: until `trials`); per run of the entry.
+      budget: per-device bytes, a size such as "16GiB", "quarter" (a quarter of
+        the replicated plan's XLA total per device, `_bench.resolve_budget`), or None.
+      objective: "measured" or "static".
+      seed: the sampler's and the workload's seed.
+
+    Example: `Entry("gpt-dp2-tp4", "gpt", "small", "dp=2,tp=4", trials=40)`.
+    """
+
+    id: str
+    workload: str
+    size: str
+    mesh: str
+    trials: int | None = 40
+    timeout: float | None = None
+    budget: int | str | None = None
+    objective: str = "measured"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("id", "workload", "size", "mesh"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if not all(c.isalnum() or c in "-_." for c in self.id):
+            raise ValueError(f"id {self.id!r} may hold only letters, digits, '-', '_' and "
+                             "'.' (it names files)")
+        dims, _names = _mesh.parse_mesh(self.mesh)
+        if -1 in dims:
+            raise ValueError(f"mesh {self.mesh!r}: give every axis size (no -1)")
+        for name, low in (("trials", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < low):
+                raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
+        if self.timeout is not None and not (isinstance(self.timeout, int | float)
+                                             and self.timeout > 0):
+            raise ValueError(f"timeout must be positive seconds, got {self.timeout!r}")
+        if self.trials is None and self.timeout is None:
+            raise ValueError("give trials or timeout (or both): the search needs a limit")
+        if self.budget is not None and self.budget != QUARTER:
+            parse_bytes(self.budget)
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective {self.objective!r}; choose one of {OBJECTIVES}")
+
+    @property
+    def workload_name(self) -> str:
+        """The name `get_workload` takes, e.g. "gpt:small"."""
+        return f"{self.workload}:{self.size}"
+
+    @property
+    def devices(self) -> int:
+        """Devices the mesh uses."""
+        return math.prod(_mesh.parse_mesh(self.mesh)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """A suite file: the hardware it is for and its entries, in order.
+
+    Attributes:
+      name: the suite's name ("cpu-sim8").
+      path: the file it was read from.
+      platform: "cpu", "gpu" or "tpu": what `jax.devices()` must report.
+      devices: how many devices JAX must have.
+      simulated: CPU devices simulated by the runner (`jax_num_cpu_devices`);
+        such entries are also timed on one device for reference.
+      entries: the entries.
+      hardware: the static objective's model of the hardware planned for, a
+        key of `_cost.HARDWARE` ("tpu": v5e-class); None: the devices' own.
+      warmup, repeats: untimed and timed steps per candidate in the search.
+      rounds: interleaved rounds of the comparison run.
+      description: one paragraph for people.
+    """
+
+    name: str
+    path: Path
+    platform: str
+    devices: int
+    simulated: bool
+    entries: tuple[Entry, ...]
+    warmup: int = 2
+    repeats: int = 7
+    rounds: int = 20
+    description: str = ""
+    hardware: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"suite file {self.path}"
+        if not isinstance(self.name, str) or not self.name or not all(
+                c.isalnum() or c in "-_." for c in self.name):
+            raise ValueError(f"{where}: suite name {self.name!r} must be letters, digits, '-', "
+                             "'_' or '.' (it names the results folder)")
+        if self.platform not in PLATFORMS:
+            raise ValueError(f"{where}: platform {self.platform!r}; choose one of {PLATFORMS}")
+        if self.hardware is not None and self.hardware not in _cost.HARDWARE:
+            raise ValueError(f"{where}: hardware {self.hardware!r}; choose one of "
+                             f"{tuple(_cost.HARDWARE)} or leave it out")
+        if self.simulated and self.platform != "cpu":
+            raise ValueError(f"{where}: only cpu devices can be simulated; set "
+                             "\"simulated\": false or \"platform\": \"cpu\"")
+        for name, low in (("devices", 1), ("warmup", 0), ("repeats", 1), ("rounds", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{where}: {name} must be a whole number >= {low}, got "
+                                 f"{value!r}")
+        seen: set[str] = set()
+        for i, entry in enumerate(self.entries):
+            at = f"{where}: entry {i} ({entry.id!r})"
+            if entry.id in seen:
+                raise ValueError(f"{at}: the id is used twice; give each entry its own id")
+            seen.add(entry.id)
+            if entry.devices > self.devices:
+                raise ValueError(f"{at}: mesh {entry.mesh} needs {entry.devices} devices but "
+                                 f"the suite has {self.devices}; shrink the mesh")
+
+    def select(self, ids: Sequence[str] | None) -> tuple[Entry, ...]:
+        """The entries named by `ids` (in suite order), or all of them for None.
+
+        Raises:
+          ValueError: an id the suite does not have; the message lists them.
+        """
+        if not ids:
+            return self.entries
+        known = [e.id for e in self.entries]
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise ValueError(f"suite {self.name!r} has no entry {unknown[0]!r}; its entries "
+                             f"are {', '.join(known)}")
+        return tuple(e for e in self.entries if e.id in ids)
+
+
+def find_suite(name_or_path: str, suites_dir: Path = SUITES_DIR) -> Path:
+    """The suite file: a path to a file, or a name looked up in `suites_dir`.
+
+    Raises:
+      ValueError: no such file; the message lists the suites in `suites_dir`.
+    """
+    path = Path(name_or_path)
+    if path.suffix == ".json" or os.sep in name_or_path or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"suite file {path} does not exist; give a path to a suite JSON "
+                             "file or a suite name")
+        return path
+    found = suites_dir / f"{name_or_path}.json"
+    if found.is_file():
+        return found
+    names = sorted(p.stem for p in suites_dir.glob("*.json")) if suites_dir.is_dir() else []
+    listed = f"suites there: {', '.join(names)}" if names else "there are none there"
+    raise ValueError(f"unknown suite {name_or_path!r}: no {found} under {Path.cwd()} "
+                     f"({listed}); run from the repository root or give a path to a suite file")
+
+
+def load_suite(name_or_path: str, suites_dir: Path = SUITES_DIR) -> Suite:
+    """Reads and checks a suite file (see `benchmarks/README.md` for its fields).
+
+    Raises:
+      ValueError: unknown suite, unreadable or malformed file; the message
+        names the file and, for an entry's problem, the entry.
+    """
+    path = find_suite(name_or_path, suites_dir)
+    where = f"suite file {path}"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where} cannot be read: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object with 'suite' and 'entries'")
+    _check_keys(data, _SUITE_KEYS, where)
+    if data.get("schema", 1) != 1:
+        raise ValueError(f"{where}: schema {data.get('schema')!r} is newer than this "
+                         "shardsearch reads (1); upgrade shardsearch")
+    for key in ("suite", "platform", "devices", "entries"):
+        if key not in data:
+            raise ValueError(f"{where}: missing {key!r}")
+    if not isinstance(data["entries"], list) or not data["entries"]:
+        raise ValueError(f"{where}: 'entries' must be a non-empty list of entry objects")
+    timing = data.get("timing", {})
+    if not isinstance(timing, dict):
+        raise ValueError(f"{where}: 'timing' must be an object with {_TIMING_KEYS}")
+    _check_keys(timing, _TIMING_KEYS, f"{where}: timing")
+    entries = []
+    for i, raw in enumerate(data["entries"]):
+        name = raw.get("id") if isinstance(raw, dict) else None
+        at = f"{where}: entry {i}" + (f" ({name!r})" if name else "")
+        if not isinstance(raw, dict):
+            raise ValueError(f"{at}: expected an object with {_ENTRY_KEYS[:4]}")
+        _check_keys(raw, _ENTRY_KEYS, at)
+        missing = [k for k in _ENTRY_KEYS[:4] if k not in raw]
+        if missing:
+            raise ValueError(f"{at}: missing {missing[0]!r}")
+        try:
+            entries.append(Entry(**raw))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{at}: {err}") from None
+    try:
+        return Suite(name=data["suite"], path=path, platform=data["platform"],
+                     devices=data["devices"], simulated=bool(data.get("simulated", False)),
+                     entries=tuple(entries), description=data.get("description", ""),
+                     hardware=data.get("hardware"), **timing)
+    except TypeError as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
+def _check_keys(data: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        raise ValueError(f"{where}: unknown field {unknown[0]!r}; fields are {', '.join(known)}")
+
+
+def prepare_devices(suite: Suite, devices: int | None = None) -> None:
+    """Simulates the suite's CPU devices if it asks for them, then checks that
+    JAX has the platform and device count the suite is for.
+
+    Must run before JAX starts its backend when devices are simulated.
+
+    Raises:
+      ValueError: JAX's devices are not the suite's (or can no longer be changed).
+    """
+    count = devices if devices is not None else suite.devices if suite.simulated else None
+    if count is not None:
+        # Simulated devices are CPU devices: keep an accelerator from becoming the default.
+        jax.config.update("jax_platforms", "cpu")
+        try:
+            _mesh.use_cpu_devices(count)
+        except RuntimeError as err:
+            raise ValueError(str(err)) from None
+    have = jax.devices()
+    platform = have[0].platform
+    if platform != suite.platform or len(have) != suite.devices:
+        hint = (f"simulate them with --devices {suite.devices}" if suite.platform == "cpu"
+                else f"run it on a machine with {suite.devices} {suite.platform} devices "
+                     "(limit the visible ones, e.g. CUDA_VISIBLE_DEVICES, if it has more)")
+        raise ValueError(
+            f"suite {suite.name!r} ({suite.path}) is for {suite.devices} {suite.platform} "
+            f"devices, but JAX has {len(have)} {platform} devices; {hint}, or choose the "
+            "suite for this machine")
