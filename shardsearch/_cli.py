@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._units import format_bytes as _bytes
 from ._version import __version__
 
 # Each command: (name, help, add its options, run it).
@@ -491,15 +492,6 @@ def _table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
 
 def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def _spec_text(spec: Any) -> str:

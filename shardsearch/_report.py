@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _confirm
+from ._units import format_bytes as _bytes
 
 MATPLOTLIB_MISSING = ("plots skipped: matplotlib is not installed (pip install "
                       "'shardsearch[bench]' or pip install matplotlib)")
@@ -263,15 +264,6 @@ def _search(s: Mapping[str, Any]) -> str:
     return (f"{s['wall_seconds']:.0f} s, {s['compiles']} compiles; {t['trials']} trials: "
             f"{t['completed']} / {t['cut_check']}, {t['cut_compile']}, {t['cut_measure']} / "
             f"{t['failed']} / {t['cache_hits']}; {share} on cut")
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def entry_line(record: Mapping[str, Any]) -> str:

@@ -38,3 +38,13 @@ def parse_bytes(value: int | float | str) -> int:
     if not (math.isfinite(total) and total >= 1):
         raise ValueError(f"size {value!r} must be positive, finite and at least 1 byte")
     return int(total)
+
+
+def format_bytes(n: int | None) -> str:
+    """A byte count for people: `format_bytes(3 * 2**20) == "3.0 MiB"`; "-" for None."""
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
