@@ -148,6 +148,9 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
               log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Searches one entry, compares every plan in one interleaved run, exports
     the winner; returns the entry's record (what `entries/<id>.json` holds)."""
+    # Each entry starts without the executables the previous ones left in
+    # JAX's caches: a suite would otherwise grow to tens of GB in one process.
+    jax.clear_caches()
     workload = get_workload(entry.workload_name)
     dims, names = _mesh.parse_mesh(entry.mesh)
     mesh = _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])

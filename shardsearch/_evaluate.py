@@ -29,6 +29,7 @@ from ._space import Candidate
 
 COMPLETE, CUT, FAILED = "complete", "cut", "failed"
 STAGES = {1: "check", 2: "compile", 3: "measure"}
+CLEAR_CACHES_EVERY = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +191,13 @@ def compile_step(specs: Sequence[Any], ctx: Context) -> tuple[Any, float]:
     thread.join(ctx.compile_timeout)
     seconds = time.perf_counter() - start
     ctx.compiles += 1
+    if ctx.compiles % CLEAR_CACHES_EVERY == 0:
+        # JAX keeps every executable it compiled for a jitted function in its
+        # in-process caches; a long study compiles hundreds of distinct ones
+        # and runs out of memory (seen: LLVM "Cannot allocate memory", then a
+        # segfault, after ~250 gpt:tiny compiles). Executables still referenced
+        # by the caller stay valid.
+        jax.clear_caches()
     if thread.is_alive():
         raise TimeoutError(f"compile ran past compile_timeout={ctx.compile_timeout} s")
     if "error" in box:

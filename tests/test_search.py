@@ -178,3 +178,14 @@ def test_static_objective_plans_llama_7b_on_64_devices(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("OK"))
     assert int(line.split()[1]) >= 1
+
+
+def test_long_studies_release_jax_caches(mesh24, tmp_path, monkeypatch):
+    cleared = []
+    monkeypatch.setattr(_evaluate, "CLEAR_CACHES_EVERY", 2)
+    real = jax.clear_caches
+    monkeypatch.setattr(jax, "clear_caches", lambda: (cleared.append(1), real()))
+    result = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=5,
+                         storage=_storage(tmp_path), **FAST)
+    assert len(cleared) == result.compiles // 2 >= 2
+    assert result.outputs_match is True
