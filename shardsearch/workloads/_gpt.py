@@ -154,12 +154,8 @@ def loss_fn(cfg: GPTConfig, params: dict, batch: dict) -> tuple[jax.Array, dict]
 
 def build(name: str, cfg: GPTConfig) -> _workload.Workload:
     """The `Workload` for one GPT configuration."""
-    shapes, make_batch = _workload.token_batch(cfg.batch, cfg.seq, cfg.vocab)
-    return _workload.assemble(
-        name=name, param_spec=param_spec(cfg), batch_shapes=shapes, make_batch=make_batch,
-        loss_fn=lambda params, batch: loss_fn(cfg, params, batch),
-        adam=_train.Adam(cfg.learning_rate), flops_per_step=flops_per_step(cfg),
-        n_params=n_params(cfg), stacked=cfg.stacked, abstract_only=cfg.abstract_only,
-        dims={"batch": cfg.batch, "seq": cfg.seq, "vocab": cfg.vocab, "d_model": cfg.d_model,
-              "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_heads,
-              "head_dim": cfg.head_dim, "d_ff": cfg.d_ff})
+    return _workload.token_workload(
+        name, cfg, param_spec(cfg), loss_fn, n_params(cfg), flops_per_step(cfg),
+        {"batch": cfg.batch, "seq": cfg.seq, "vocab": cfg.vocab, "d_model": cfg.d_model,
+         "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_heads,
+         "head_dim": cfg.head_dim, "d_ff": cfg.d_ff})

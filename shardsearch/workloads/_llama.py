@@ -120,6 +120,13 @@ def param_spec(cfg: LlamaConfig) -> dict:
         "ln2": {"scale": Param((d,), "ones")},
         "mlp": {"w_gate": Param((d, f)), "w_up": Param((d, f)), "w_down": Param((f, d))},
     }
+    return model_spec(cfg, layer)
+
+
+def model_spec(cfg: LlamaConfig, layer: dict) -> dict:
+    """The whole parameter tree around one block's `Param`s (unrolled layers,
+    RMSNorm before the untied head); shared with the MoE variant."""
+    d = cfg.d_model
     return {
         "embed": {"tokens": Param((cfg.vocab, d))},
         "layers": [layer] * cfg.n_layers,
@@ -189,10 +196,5 @@ def dims(cfg: LlamaConfig) -> dict:
 
 def build(name: str, cfg: LlamaConfig) -> _workload.Workload:
     """The `Workload` for one Llama configuration."""
-    shapes, make_batch = _workload.token_batch(cfg.batch, cfg.seq, cfg.vocab)
-    return _workload.assemble(
-        name=name, param_spec=param_spec(cfg), batch_shapes=shapes, make_batch=make_batch,
-        loss_fn=lambda params, batch: loss_fn(cfg, params, batch),
-        adam=_train.Adam(cfg.learning_rate), flops_per_step=flops_per_step(cfg),
-        n_params=n_params(cfg), stacked=cfg.stacked, abstract_only=cfg.abstract_only,
-        dims=dims(cfg))
+    return _workload.token_workload(name, cfg, param_spec(cfg), loss_fn, n_params(cfg),
+                                    flops_per_step(cfg), dims(cfg))

@@ -75,12 +75,7 @@ def param_spec(cfg: MoEConfig) -> dict:
         "moe": {"router": Param((d, e)), "w_gate": Param((e, d, f)),
                 "w_up": Param((e, d, f)), "w_down": Param((e, f, d))},
     }
-    return {
-        "embed": {"tokens": Param((cfg.vocab, d))},
-        "layers": [layer] * cfg.n_layers,
-        "ln_f": {"scale": Param((d,), "ones")},
-        "head": Param((d, cfg.vocab)),
-    }
+    return _llama.model_spec(cfg, layer)
 
 
 def n_params(cfg: MoEConfig) -> int:
@@ -160,10 +155,6 @@ def loss_fn(cfg: MoEConfig, params: dict, batch: dict) -> tuple[jax.Array, dict]
 
 def build(name: str, cfg: MoEConfig) -> _workload.Workload:
     """The `Workload` for one MoE configuration."""
-    shapes, make_batch = _workload.token_batch(cfg.batch, cfg.seq, cfg.vocab)
-    return _workload.assemble(
-        name=name, param_spec=param_spec(cfg), batch_shapes=shapes, make_batch=make_batch,
-        loss_fn=lambda params, batch: loss_fn(cfg, params, batch),
-        adam=_train.Adam(cfg.learning_rate), flops_per_step=flops_per_step(cfg),
-        n_params=n_params(cfg), stacked=cfg.stacked, abstract_only=cfg.abstract_only,
-        dims={**_llama.dims(cfg), "n_experts": cfg.n_experts, "capacity": cfg.capacity})
+    return _workload.token_workload(
+        name, cfg, param_spec(cfg), loss_fn, n_params(cfg), flops_per_step(cfg),
+        {**_llama.dims(cfg), "n_experts": cfg.n_experts, "capacity": cfg.capacity})

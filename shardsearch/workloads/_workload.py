@@ -189,3 +189,18 @@ def check_divides(owner: str, what: str, n: int, by_name: str, by: int) -> None:
         raise ValueError(
             f"{owner}: {what}={n} must be divisible by {by_name}={by}; "
             f"pick {what} as a multiple of {by_name} (e.g. {math.ceil(n / by) * by})")
+
+
+def token_workload(name: str, cfg: Any, param_spec: dict, loss_fn: Callable[..., Any],
+                   n_params: int, flops_per_step: float, dims: Mapping[str, int]) -> Workload:
+    """A language-model `Workload`: `[batch, seq]` token inputs and targets, Adam.
+
+    `cfg` provides `batch`, `seq`, `vocab`, `learning_rate`, `stacked` and
+    `abstract_only`; `loss_fn(cfg, params, batch)` the model's loss.
+    """
+    shapes, make_batch = token_batch(cfg.batch, cfg.seq, cfg.vocab)
+    return assemble(
+        name=name, param_spec=param_spec, batch_shapes=shapes, make_batch=make_batch,
+        loss_fn=lambda params, batch: loss_fn(cfg, params, batch),
+        adam=_train.Adam(cfg.learning_rate), flops_per_step=flops_per_step,
+        n_params=n_params, stacked=cfg.stacked, abstract_only=cfg.abstract_only, dims=dims)
