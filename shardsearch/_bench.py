@@ -277,24 +277,8 @@ def _plan_row(label: str, role: str, specs: Any, ctx: Any, known: Mapping[str, A
 
 
 def _check(specs: Any, fp: str, ctx: Any) -> Any:
-    """Stages 1–2 of an evaluation (stage 3 too for the static objective)."""
-    if ctx.objective == "static":
-        return _evaluate.evaluate(specs, fp, ctx)
-    cut = _evaluate.check(specs, fp, ctx)
-    if cut is not None:
-        return cut
-    memory = {"arguments": ShardingAnalyzer(ctx.mesh).estimate_memory_usage(
-        tuple(ctx.abstract_args), tuple(specs))["size_per_device"]}
-    try:
-        compiled, _seconds = _evaluate.compile_step(specs, ctx)
-    except Exception as err:  # the plan's failure, recorded with it
-        return _evaluate.Outcome(fp, _evaluate.FAILED, None,
-                                 f"compile failed: {type(err).__name__}: {err}", memory=memory)
-    memory.update(_evaluate.xla_memory(compiled))
-    if ctx.budget is not None and memory["total"] > ctx.budget:
-        return _evaluate.Outcome(fp, _evaluate.CUT, 2, f"XLA needs {memory['total']} bytes "
-                                 f"per device, over the budget of {ctx.budget}", memory=memory)
-    return _evaluate.Outcome(fp, _evaluate.COMPLETE, memory=memory)
+    """Stages 1–2 of an evaluation (the estimate too for the static objective)."""
+    return _evaluate.evaluate(specs, fp, ctx, run=False)
 
 
 def _time_plans(plans: list[dict[str, Any]], ctx: Any, rounds: int) -> None:

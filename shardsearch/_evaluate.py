@@ -143,21 +143,22 @@ def shardings_for(specs: Sequence[Any], mesh: jax.sharding.Mesh) -> tuple[Any, .
         for tree in specs)
 
 
-def check(specs: Sequence[Any], fp: str, ctx: Context) -> Outcome | None:
-    """Stage 1: None when the specs pass, else the cut Outcome."""
+def check(specs: Sequence[Any], fp: str, ctx: Context) -> tuple[Outcome | None, int | None]:
+    """Stage 1: `(None, argument bytes per device)` when the specs pass, else
+    `(the cut Outcome, bytes or None)`."""
     analyzer = ctx.analyzer
     issues = analyzer.validate_partition_specs(tuple(ctx.abstract_args), tuple(specs))
     if issues:
         more = f" (+{len(issues) - 1} more)" if len(issues) > 1 else ""
-        return Outcome(fp, CUT, 1, f"invalid specs: {issues[0]}{more}")
+        return Outcome(fp, CUT, 1, f"invalid specs: {issues[0]}{more}"), None
     args_bytes = analyzer.estimate_memory_usage(
         tuple(ctx.abstract_args), tuple(specs))["size_per_device"]
     if ctx.budget is not None and args_bytes > ctx.budget:
         return Outcome(
             fp, CUT, 1,
             f"arguments need {args_bytes} bytes per device, over the budget of {ctx.budget}",
-            memory={"arguments": args_bytes})
-    return None
+            memory={"arguments": args_bytes}), args_bytes
+    return None, args_bytes
 
 
 def jit_step(step: Callable[..., Any], shardings: Sequence[Any], mesh: Any) -> Any:
@@ -227,6 +228,7 @@ def evaluate(
     fp: str,
     ctx: Context,
     report: Callable[[int, float], bool] | None = None,
+    run: bool = True,
 ) -> Outcome:
     """Runs stages 1–3 on resolved specs and says what happened.
 
@@ -236,12 +238,13 @@ def evaluate(
       ctx: the study's context.
       report: called after each timed repeat with `(index, seconds)`; when it
         returns True the candidate is cut at stage 3.
+      run: False stops a measured candidate that passed stage 2 before it
+        runs (complete, with no value): enough to know whether a plan fits.
     """
-    cut = check(specs, fp, ctx)
+    cut, args_bytes = check(specs, fp, ctx)
     if cut is not None:
         return cut
-    memory = {"arguments": ctx.analyzer.estimate_memory_usage(
-        tuple(ctx.abstract_args), tuple(specs))["size_per_device"]}
+    memory = {"arguments": args_bytes}
     try:
         compiled, compile_seconds = compile_step(specs, ctx)
     except Exception as err:  # any compile error is the candidate's, not the study's
@@ -274,6 +277,8 @@ def evaluate(
         hardware = _cost.hardware_for(ctx.mesh.devices.flat[0].platform, ctx.hardware)
         value = hardware.seconds(flops, bytes_accessed, link_bytes)
         return Outcome(status=COMPLETE, value=value, **base)
+    if not run:
+        return Outcome(status=COMPLETE, **base)
     return measure(compiled, specs, ctx, report, base)
 
 
