@@ -95,7 +95,7 @@ def export_config(
         **config,
         "search": {"study": study.study_name, "workload": name,
                    "objective": attrs.get("objective"), "seed": attrs.get("seed"),
-                   "budget": attrs.get("budget")},
+                   "sampler": attrs.get("sampler"), "budget": attrs.get("budget")},
         "hardware": attrs.get("hardware"),
         "versions": versions(),
         "results": _results(chosen, records, summary, is_best, attrs.get("objective"),

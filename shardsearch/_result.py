@@ -77,7 +77,8 @@ class OptimizeResult:
     Attributes:
       best_rule: the winning rule for the state (a `ShardingRule`).
       best_batch_rule: the winning rule for the other arguments.
-      best_label: "search" or the baseline that won.
+      best_label: "search" or the baseline that won (a searched plan wins
+        only when significantly faster than the best baseline re-timed with it).
       best_specs: spec trees for every argument, `(state, *batch)`.
       best_time: the winner's median seconds (confirmation run when there was
         one, else the study's; the static estimate for objective="static").

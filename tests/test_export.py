@@ -224,7 +224,9 @@ def test_export_from_result_equals_export_from_stored_study(static_result, stora
     from_result = ss.export_config(static_result)
     assert ss.export_config(study) == from_result
     assert from_result["search"] == {"study": "static", "workload": "mlp:tiny",
-                                     "objective": "static", "seed": 0, "budget": None}
+                                     "objective": "static", "seed": 0,
+                                     "sampler": "TPESampler(multivariate=True, group=True)",
+                                     "budget": None}
     results = from_result["results"]
     assert results["winner"]["label"] == static_result.best_label
     assert results["winner"]["median_seconds"] == static_result.best_time

@@ -6,6 +6,7 @@ import textwrap
 
 import jax
 import numpy as np
+import optuna
 import pytest
 
 import shardsearch as ss
@@ -159,6 +160,11 @@ def test_static_objective_needs_no_concrete_arguments(mesh24, tmp_path, spy):
     assert result.verdict == "unconfirmed"
     complete = [t.outcome for t in result.trials if t.outcome.status == "complete"]
     assert complete and all(o.value > 0 and o.flops > 0 for o in complete)
+    # The search samples with the grouped multivariate TPE and says so in the study.
+    sampler = result.study.sampler
+    assert isinstance(sampler, optuna.samplers.TPESampler)
+    assert (sampler._multivariate, sampler._group) == (True, True)
+    assert result.study.user_attrs["sampler"] == "TPESampler(multivariate=True, group=True)"
 
 
 @pytest.mark.slow
@@ -189,3 +195,22 @@ def test_long_studies_release_jax_caches(mesh24, tmp_path, monkeypatch):
                          storage=_storage(tmp_path), **FAST)
     assert len(cleared) == result.compiles // 2 >= 2
     assert result.outputs_match is True
+
+
+def test_pick_winner_keeps_the_baseline_unless_the_search_is_significantly_faster():
+    from shardsearch._search import pick_winner
+
+    drift = np.linspace(0, 0.05, 12)  # the machine's drift hits every finalist alike
+    base = list(1.0 + drift)
+    # A lower median, but it loses almost half the paired rounds: not significant.
+    lucky = list(1.0 + drift + np.array([-0.03, 0.02] * 6))
+    clear = list(0.8 + drift)
+    slow = list(1.5 + drift)
+    assert np.median(lucky) < np.median(base)
+    assert pick_winner([("search", lucky, False), ("fsdp", base, True),
+                        ("other", slow, False)]) == ("fsdp", "tie")
+    assert pick_winner([("search", clear, False), ("fsdp", base, True)]) == ("search", "faster")
+    # Without a baseline among the finalists, the fastest median wins as before.
+    assert pick_winner([("a", lucky, False), ("b", base, False)]) == ("a", "tie")
+    # A baseline that is fastest wins whatever the searched plans do.
+    assert pick_winner([("fsdp", clear, True), ("search", base, False)]) == ("fsdp", "faster")

@@ -10,15 +10,21 @@ For each workload, on a (2, 4) mesh of 8 simulated CPU devices:
    is measured, so a killed run resumes where it stopped; at the end the whole
    table (params -> fingerprint, fingerprint -> median seconds or cut/failed)
    goes to `<workload>.table.json`.
-2. Replay. TPE (`TPESampler(seed)`, what `optimize` uses), random
-   (`RandomSampler(seed)`) and grid (`GridSampler` over the full grid, `seed`
-   shuffling its order) each propose through `SearchSpace.suggest`; a trial
-   looks its candidate up in the table instead of re-timing it (not complete:
-   pruned, as `optimize` reports a cut). Recorded per sampler and seed: the
-   trials, and the distinct fingerprints (= compiles, with the search's
-   cache), needed to come within `--tolerance` of the space's best median;
-   and the best-so-far after every trial. Results: `<workload>.json`,
-   `summary.md` and `<workload>.png` (matplotlib, if installed).
+2. Refine. The `--refine` fastest fingerprints of that first pass are
+   compiled again and re-timed interleaved over `--refine-rounds` rounds
+   (`<workload>.refine.json`); their refined medians replace the first-pass
+   ones, and the space's best and the target set are decided among them.
+3. Replay. `tpe` (`make_sampler(seed)`, what `optimize` uses), `tpe-default`
+   (`TPESampler(seed)`, Optuna's defaults), random (`RandomSampler(seed)`)
+   and grid (`GridSampler` over the full grid, `seed` shuffling its order)
+   each propose through `SearchSpace.suggest`; a trial looks its candidate
+   up in the table instead of re-timing it (not complete: pruned, as
+   `optimize` reports a cut). Recorded per sampler and seed: the trials, and
+   the distinct fingerprints (= compiles, with the search's cache), until
+   the first trial that evaluates a target (within `--tolerance` of the
+   space's best median); and the best-so-far after every trial. Results:
+   `<workload>.json`, `summary.md` and `<workload>.png` (matplotlib, if
+   installed).
 
 Run from the repository root:
 
@@ -41,7 +47,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-SAMPLERS = ("tpe", "random", "grid")
+# "tpe" is the sampler `optimize` uses; "tpe-default" is Optuna's TPESampler
+# with its defaults, what `optimize` used before.
+SAMPLERS = ("tpe", "tpe-default", "random", "grid")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="trials per replay (default: the number of distinct fingerprints)")
     p.add_argument("--tolerance", type=float, default=0.03,
                    help="'found' means within this fraction of the space's best (0.03)")
+    p.add_argument("--refine", type=int, default=20,
+                   help="re-time the N best fingerprints of the first pass interleaved, "
+                        "so the space's best is not decided by noise (20; 0: off)")
+    p.add_argument("--refine-rounds", type=int, default=15,
+                   help="interleaved timed steps per refined fingerprint (15)")
     p.add_argument("--replay-only", action="store_true",
                    help="reuse the recorded tables; time nothing (needs no devices)")
     p.add_argument("--limit", type=int,
@@ -84,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             table = json.loads(table_path.read_text(encoding="utf-8"))
         else:
-            table = build_table(name, dims, names, out, a.repeats, a.warmup, a.limit)
+            table = build_table(name, dims, names, out, a.repeats, a.warmup, a.limit,
+                                a.refine, a.refine_rounds)
             _write(table_path, table, rows=True)
         result = replay_all(table, a.seeds, a.budget, a.tolerance)
         _write(out / f"{_slug(name)}.json", result)
@@ -118,8 +132,10 @@ def _grid(combos: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 def build_table(name: str, dims: tuple[int, ...], names: tuple[str, ...], out: Path,
-                repeats: int, warmup: int, limit: int | None) -> dict[str, Any]:
-    """Params -> fingerprint for the whole space, and each fingerprint timed once."""
+                repeats: int, warmup: int, limit: int | None, refine: int = 0,
+                refine_rounds: int = 15) -> dict[str, Any]:
+    """Params -> fingerprint for the whole space, each fingerprint timed once,
+    and the `refine` best of them re-timed interleaved."""
     import optuna
 
     import shardsearch as ss
@@ -173,10 +189,18 @@ def build_table(name: str, dims: tuple[int, ...], names: tuple[str, ...], out: P
             "status": o["status"], "median_seconds": o["value"], "step_times": o["step_times"],
             "compile_seconds": o["compile_seconds"], "reason": o["reason"] or None,
             "memory_total": o["memory"].get("total")})
+    refined = _refine(results, specs_of, ctx, out / f"{_slug(name)}.refine.json", refine,
+                      refine_rounds)
+    for fp, timing in refined.items():
+        # The replay uses the refined median; the first pass's stays beside it.
+        results[fp].update({"first_pass_median_seconds": results[fp]["median_seconds"],
+                            "median_seconds": timing["median"], "refined_times": timing["times"],
+                            "refined_ci": timing["ci"]})
     grid = _grid(combos)
     return {
         "schema": 1, "workload": name, "mesh": dict(zip(names, dims, strict=True)),
-        "repeats": repeats, "warmup": warmup, "limit": limit, "machine": machine_info(
+        "repeats": repeats, "warmup": warmup, "limit": limit,
+        "refine": {"count": len(refined), "rounds": refine_rounds}, "machine": machine_info(
             " ".join(["python", "benchmarks/efficiency/run.py", *sys.argv[1:]])),
         "space": {"combinations": len(combos), "distinct": len(specs_of),
                   "invalid": len(invalid), "grid": grid},
@@ -187,6 +211,36 @@ def build_table(name: str, dims: tuple[int, ...], names: tuple[str, ...], out: P
         "rows": [[params.get(c) for c in grid] + [fp] for params, fp in rows],
         "fingerprints": results, "invalid_reasons": invalid,
     }
+
+
+def _refine(results: dict[str, dict[str, Any]], specs_of: dict[str, Any], ctx: Any,
+            path: Path, count: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """Re-times the `count` fastest fingerprints of the first pass interleaved.
+
+    A first pass of a few steps each ranks candidates within a few percent
+    of each other by noise; a 3% target needs the top of the table measured
+    better than that. Interleaving (A B C … A B C) makes slow drifts of the
+    machine hit them alike. Kept in `path`, reused while the set and the
+    rounds are the same.
+    """
+    from shardsearch._confirm import retime
+
+    if count <= 0:
+        return {}
+    done = sorted((r["median_seconds"], fp) for fp, r in results.items()
+                  if r["status"] == "complete")
+    top = sorted(fp for _v, fp in done[:count])
+    if path.is_file():
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if sorted(kept["timings"]) == top and kept["rounds"] == rounds:
+            return kept["timings"]
+    start = time.perf_counter()
+    timings = retime([(fp, specs_of[fp]) for fp in top], ctx, rounds=rounds)
+    kept = {"rounds": rounds, "timings": {fp: t.to_json() for fp, t in timings.items()}}
+    _write(path, kept)
+    print(f"  refined the {len(top)} best over {rounds} interleaved rounds "
+          f"({time.perf_counter() - start:.0f} s)", flush=True)
+    return kept["timings"]
 
 
 def _read_log(path: Path) -> dict[str, dict[str, Any]]:
@@ -222,23 +276,29 @@ def replay_all(table: dict[str, Any], seeds: int, budget: int | None,
     if not values:
         raise SystemExit(f"run.py: {table['workload']}: no fingerprint completed; nothing "
                          "to replay")
-    best_fp = min(values, key=lambda k: (values[k], k))
-    best = values[best_fp]
+    # With a refined table, the best and the targets are decided among the
+    # refined fingerprints only: they were measured alike, and better.
+    refined = {fp for fp, r in table["fingerprints"].items() if "refined_times" in r}
+    pool = {fp: v for fp, v in values.items() if fp in refined} or values
+    best_fp = min(pool, key=lambda k: (pool[k], k))
+    best = pool[best_fp]
+    targets = {fp for fp, v in pool.items() if v <= best * (1 + tolerance)}
     budget = budget or table["space"]["distinct"]
     out: dict[str, Any] = {
         "workload": table["workload"], "mesh": table["mesh"], "tolerance": tolerance,
         "budget": budget, "seeds": list(range(seeds)), "repeats": table["repeats"],
         "limit": table.get("limit"),
+        "refine": {"count": len(refined),
+                   "rounds": (table.get("refine") or {}).get("rounds")},
         "space": {**{k: v for k, v in table["space"].items() if k != "grid"},
-                  "complete": len(values),
-                  "within_tolerance": sum(v <= best * (1 + tolerance) for v in values.values()),
+                  "complete": len(values), "within_tolerance": len(targets),
                   "best": {"fingerprint": best_fp, "median_seconds": best,
                            "params": next(p for p, f in _params(table) if f == best_fp)}},
         "samplers": {},
     }
     for sampler in SAMPLERS:
         runs = [replay(sampler, seed, space, table["space"]["grid"], lookup, values, budget,
-                       best * (1 + tolerance)) for seed in range(seeds)]
+                       targets) for seed in range(seeds)]
         out["samplers"][sampler] = {"summary": {
             "reached": sum(r["trials_to_target"] is not None for r in runs),
             "trials_to_target": _spread([r["trials_to_target"] for r in runs]),
@@ -249,12 +309,17 @@ def replay_all(table: dict[str, Any], seeds: int, budget: int | None,
 
 def replay(sampler_name: str, seed: int, space: Any, grid: dict[str, list[Any]],
            lookup: dict[str, str | None], values: dict[str, float], budget: int,
-           target: float) -> dict[str, Any]:
-    """One sampler and seed: trials look their candidate up instead of timing it."""
+           targets: set[str]) -> dict[str, Any]:
+    """One sampler and seed: trials look their candidate up instead of timing
+    it; the target is reached at the first trial that evaluates one of
+    `targets`."""
     import optuna
 
+    from shardsearch._search import make_sampler
+
     samplers = {
-        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+        "tpe": lambda: make_sampler(seed),
+        "tpe-default": lambda: optuna.samplers.TPESampler(seed=seed),
         "random": lambda: optuna.samplers.RandomSampler(seed=seed),
         "grid": lambda: optuna.samplers.GridSampler(grid, seed=seed),
     }
@@ -263,13 +328,16 @@ def replay(sampler_name: str, seed: int, space: Any, grid: dict[str, list[Any]],
     distinct: list[int] = []
     seen: set[str] = set()
     best = math.inf
+    hit: int | None = None
 
     def objective(trial: optuna.Trial) -> float:
-        nonlocal best
+        nonlocal best, hit
         space.suggest(trial)
         fp = lookup.get(_key(trial.params))
         if fp is not None:
             seen.add(fp)
+        if hit is None and fp in targets:
+            hit = len(trace)
         value = values.get(fp) if fp is not None else None
         if value is not None:
             best = min(best, value)
@@ -280,7 +348,6 @@ def replay(sampler_name: str, seed: int, space: Any, grid: dict[str, list[Any]],
         return value
 
     study.optimize(objective, n_trials=budget)
-    hit = next((i for i, v in enumerate(trace) if v is not None and v <= target), None)
     return {"seed": seed, "trials_to_target": None if hit is None else hit + 1,
             "distinct_to_target": None if hit is None else distinct[hit],
             "trace": trace, "distinct_trace": distinct}
@@ -334,6 +401,9 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
             f"{s['within_tolerance']} fingerprints within {r['tolerance']:.0%} of it. "
             f"{r['repeats']} timed repeats per fingerprint; budget {r['budget']} trials; "
             f"seeds {r['seeds'][0]}–{r['seeds'][-1]}."
+            + (f" The best and the targets are decided among the {r['refine']['count']} "
+               f"fastest of that first pass, re-timed over {r['refine']['rounds']} "
+               "interleaved rounds." if (r.get("refine") or {}).get("count") else "")
             + (f" TRUNCATED: only {r['limit']} fingerprints timed (--limit)."
                if r.get("limit") else ""), "",
             "| sampler | reached | trials (median [min–max]) | distinct (median [min–max]) "
