@@ -50,6 +50,20 @@ def default_storage() -> str:
 SAMPLER = "TPESampler(multivariate=True, group=True)"
 
 
+# What optimize used before it recorded its sampler.
+_UNRECORDED_SAMPLER = "TPESampler()"
+
+
+def _samplers_used(study: optuna.Study, adding: bool) -> str | None:
+    """The study's sampler record: SAMPLER, or the samplers that produced its
+    trials in turn ("TPESampler(), then …") when a study made by an earlier
+    shardsearch is resumed with new trials."""
+    used = study.user_attrs.get("sampler") or (_UNRECORDED_SAMPLER if study.trials else None)
+    if not adding or used == SAMPLER or (used or "").endswith(f", then {SAMPLER}"):
+        return used
+    return SAMPLER if used is None else f"{used}, then {SAMPLER}"
+
+
 def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
     """The search's sampler: multivariate TPE over groups of parameters.
 
@@ -338,7 +352,8 @@ def optimize(
     for key, value in {
         "workload": workload.name if workload is not None else None,
         "mesh": _mesh.axis_sizes(mesh), "objective": objective, "budget": budget,
-        "seed": seed, "sampler": SAMPLER, "hardware": {"platform": device.platform,
+        "seed": seed, "sampler": _samplers_used(study, n_trials > 0 or timeout is not None),
+        "hardware": {"platform": device.platform,
                                    "device_kind": device.device_kind,
                                    "device_count": n_devices},
     }.items():

@@ -131,6 +131,13 @@ def test_resumed_study_keeps_finished_trials(mesh24, tmp_path):
     # Baselines already evaluated are not enqueued again.
     labels = [t.label for t in second.trials]
     assert labels.count("replicated") == 1 and labels.count("default") == 1
+    assert second.study.user_attrs["sampler"] == "TPESampler(multivariate=True, group=True)"
+    # A study from before the sampler was recorded says which sampler made
+    # its old trials, and adds this one only when it runs new trials.
+    second.study.set_user_attr("sampler", None)
+    assert ss.optimize(workload, n_trials=0, **kw).study.user_attrs["sampler"] == "TPESampler()"
+    assert ss.optimize(workload, n_trials=1, **kw).study.user_attrs["sampler"] == (
+        "TPESampler(), then TPESampler(multivariate=True, group=True)")
 
 
 def test_bad_arguments_fail_before_any_trial(mesh24, tmp_path):
