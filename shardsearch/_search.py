@@ -47,35 +47,18 @@ def default_storage() -> str:
 
 # Recorded with each study (and in exported files and bench entries), so a
 # result says which sampler found it.
-SAMPLER = "TPESampler(multivariate=True, group=True)"
-
-
-# What optimize used before it recorded its sampler.
-_UNRECORDED_SAMPLER = "TPESampler()"
-
-
-def _samplers_used(study: optuna.Study, adding: bool) -> str | None:
-    """The study's sampler record: SAMPLER, or the samplers that produced its
-    trials in turn ("TPESampler(), then …") when a study made by an earlier
-    shardsearch is resumed with new trials."""
-    used = study.user_attrs.get("sampler") or (_UNRECORDED_SAMPLER if study.trials else None)
-    if not adding or used == SAMPLER or (used or "").endswith(f", then {SAMPLER}"):
-        return used
-    return SAMPLER if used is None else f"{used}, then {SAMPLER}"
+SAMPLER = "TPESampler()"
 
 
 def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
-    """The search's sampler: multivariate TPE over groups of parameters.
+    """The search's sampler: Optuna's TPE with its defaults, seeded.
 
-    The space is conditional (the memory fraction is asked only when the
-    memory rule is on), and Optuna's default TPE samples such parameters one
-    by one; the grouped multivariate TPE models each group of parameters that
-    occur together jointly. `benchmarks/efficiency` replays both, random and
-    grid sampling against a timed table of the whole space.
+    `benchmarks/efficiency` replays it against the grouped multivariate TPE,
+    random and grid sampling on tables of whole spaces timed beforehand; over
+    20 seeds the grouped variant was no better (see
+    `benchmarks/results/efficiency/summary.md`).
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+    return optuna.samplers.TPESampler(seed=seed)
 
 
 def open_study(storage: str | None, study_name: str, sampler: Any = None,
@@ -352,8 +335,7 @@ def optimize(
     for key, value in {
         "workload": workload.name if workload is not None else None,
         "mesh": _mesh.axis_sizes(mesh), "objective": objective, "budget": budget,
-        "seed": seed, "sampler": _samplers_used(study, n_trials > 0 or timeout is not None),
-        "hardware": {"platform": device.platform,
+        "seed": seed, "sampler": SAMPLER, "hardware": {"platform": device.platform,
                                    "device_kind": device.device_kind,
                                    "device_count": n_devices},
     }.items():

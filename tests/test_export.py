@@ -225,7 +225,7 @@ def test_export_from_result_equals_export_from_stored_study(static_result, stora
     assert ss.export_config(study) == from_result
     assert from_result["search"] == {"study": "static", "workload": "mlp:tiny",
                                      "objective": "static", "seed": 0,
-                                     "sampler": "TPESampler(multivariate=True, group=True)",
+                                     "sampler": "TPESampler()",
                                      "budget": None}
     results = from_result["results"]
     assert results["winner"]["label"] == static_result.best_label
