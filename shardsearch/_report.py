@@ -194,11 +194,37 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
             _times(s["vs_single_device"]) if "vs_single_device" in s else "-",
             _memory(winner), _search(r["search"]),
         ]) + " |")
-    lines += ["", *LEGEND]
+    lines += ["", *versus_expert(records), "", *LEGEND]
     if static:
         lines += ["- Entries with objective `static` show XLA-based estimates, not "
                   "measurements: no CI and no verdict."]
     return "\n".join(lines) + "\n"
+
+
+def versus_expert(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One paragraph: how the winners fared against the best expert plan that
+    fits, counted by verdict, with every entry where the winner was slower
+    and the largest speedup."""
+    verdicts: dict[str, list[tuple[float, str, str]]] = {}
+    for r in records:
+        s = r["speedups"]["vs_best_expert"]
+        verdict = s["verdict"] or ("no expert fits" if s["reference"] is None else
+                                   "not tested")
+        verdicts.setdefault(verdict, []).append((s["speedup"] or 0.0, r["entry"]["id"],
+                                                 _times(s)))
+    if not verdicts:
+        return []
+    order = ["faster", "tie", "same plan", "slower", "not tested", "no expert fits"]
+    counts = ", ".join(f"{len(verdicts[v])} {v}" for v in order if v in verdicts)
+    text = f"Winner against the best expert plan that fits: {counts}."
+    if "slower" in verdicts:
+        text += " Slower: " + "; ".join(f"{entry} {shown}" for _x, entry, shown in
+                                         sorted(verdicts["slower"], key=lambda t: t[1])) + "."
+    tested = [t for v in ("faster", "tie", "slower") for t in verdicts.get(v, [])]
+    if tested:
+        _x, entry, shown = max(tested)
+        text += f" Largest speedup: {entry} {shown}."
+    return [text]
 
 
 LEGEND = (

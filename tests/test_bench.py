@@ -117,6 +117,25 @@ def test_files_written(ran):
         assert plan.workload == "mlp:tiny"
     drawn = (out / "speedups.png").is_file()
     assert drawn == (importlib.util.find_spec("matplotlib") is not None)
+    assert "Winner against the best expert plan that fits: " in table
+
+
+def test_versus_expert_counts_verdicts_and_names_every_slower_entry():
+    from shardsearch._report import versus_expert
+
+    def record(entry, speedup, verdict, reference="fsdp", ci=(0.9, 1.1)):
+        return {"entry": {"id": entry}, "speedups": {"vs_best_expert": {
+            "reference": reference, "speedup": speedup, "verdict": verdict,
+            "ratio_ci": list(ci), "note": None}}}
+
+    records = [record("a", 1.3, "faster", ci=(1.2, 1.4)), record("b", 1.0, "tie"),
+               record("c", 0.95, "slower", ci=(0.93, 0.97)), record("d", 1.0, "same plan"),
+               record("e", None, None, reference=None)]
+    assert versus_expert(records) == [
+        "Winner against the best expert plan that fits: 1 faster, 1 tie, 1 same plan, "
+        "1 slower, 1 no expert fits. Slower: c 0.95x [0.93–0.97] slower. "
+        "Largest speedup: a 1.30x [1.20–1.40] faster."]
+    assert versus_expert([]) == []
 
 
 def test_a_second_run_keeps_finished_entries(ran, capsys):
