@@ -243,7 +243,9 @@ LEGEND = (
     "- *memory/device*: the winner's XLA total per device (arguments from the analyzer).",
     "- *search*: wall time of the search, compiles, trials (completed / cut at check, "
     "compile, measure / failed / cache hits) and the share of trial time spent on "
-    "candidates that were cut.",
+    "candidates that were cut. An entry re-run with `--force` over a finished study runs "
+    "no trial: it shows the trials' own time instead, and this run's (the confirmation's) "
+    "wall time and compiles.",
 )
 
 
@@ -287,7 +289,13 @@ def _memory(plan: Mapping[str, Any]) -> str:
 def _search(s: Mapping[str, Any]) -> str:
     t = s["trials"]
     share = f"{s['cut_share']:.0%}" if s["cut_share"] is not None else "-"
-    return (f"{s['wall_seconds']:.0f} s, {s['compiles']} compiles; {t['trials']} trials: "
+    # A rerun over a finished study ran no trial: its wall time and compiles
+    # are the confirmation's, and the search's cost is the trials' own time.
+    cost = (f"resumed, no new trial ({s['trial_seconds']:.0f} s in trials; this run "
+            f"{s['wall_seconds']:.0f} s, {s['compiles']} compiles)"
+            if s.get("trials_before") and s["trials_before"] >= t["trials"] else
+            f"{s['wall_seconds']:.0f} s, {s['compiles']} compiles")
+    return (f"{cost}; {t['trials']} trials: "
             f"{t['completed']} / {t['cut_check']}, {t['cut_compile']}, {t['cut_measure']} / "
             f"{t['failed']} / {t['cache_hits']}; {share} on cut")
 

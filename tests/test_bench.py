@@ -241,3 +241,16 @@ def test_a_suite_for_other_devices_is_refused(fields, message, tmp_path, capsys)
     assert _cli.main(["bench", "--suite", str(path), "--out", str(tmp_path)]) == 2
     assert message in _one_line_error(capsys.readouterr().err)
     assert not (tmp_path / "tiny").exists()  # refused before anything was written
+
+
+def test_search_cost_of_a_rerun_over_a_finished_study_says_so():
+    from shardsearch._report import _search
+
+    trials = {"trials": 40, "completed": 30, "cut_check": 1, "cut_compile": 2,
+              "cut_measure": 7, "failed": 0, "cache_hits": 10}
+    first = {"trials": trials, "cut_share": 0.25, "wall_seconds": 600.0, "compiles": 30,
+             "trials_before": 0, "trial_seconds": 580.0}
+    assert _search(first).startswith("600 s, 30 compiles; 40 trials: 30 / 1, 2, 7 / 0 / 10")
+    rerun = {**first, "wall_seconds": 50.0, "compiles": 4, "trials_before": 40}
+    assert _search(rerun).startswith(
+        "resumed, no new trial (580 s in trials; this run 50 s, 4 compiles); 40 trials")
