@@ -5,7 +5,8 @@ entry. For each entry the runner
 
   1. runs `optimize` (its study stored under the output folder, so a killed
      entry resumes), whose own interleaved confirmation of its top candidates
-     and best baseline picks the winner exactly as a user's run would,
+     and closest baselines, as many rounds as the comparison below, picks the
+     winner exactly as a user's run would (recorded under `search`),
   2. checks every plan — the winner, replicated, the original design's default
      rule, each expert plan — against the budget (analyzer, then XLA),
   3. re-times the plans that fit, plus a 1-device reference on simulated CPU
@@ -166,7 +167,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         workload, mesh=mesh, n_trials=max((n_trials or 10**6) - before, 0),
         timeout=entry.timeout, memory_budget=budget["bytes"], objective=entry.objective,
         storage=storage, study_name=study_name, seed=entry.seed, warmup=suite.warmup,
-        repeats=repeats, confirm_rounds=max((rounds or suite.rounds) // 2, 6),
+        repeats=repeats, confirm_rounds=rounds or suite.rounds,
         hardware=hardware, quiet=quiet)
     wall = time.perf_counter() - start
     log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
@@ -231,6 +232,9 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
             "compiles": result.compiles, "trials": result.summary(),
             "winner": {"label": result.best_label, "trial": win_trial,
                        "search_seconds": known[win_fp].value if win_fp in known else None},
+            "confirmation": {
+                "rounds": rounds if result.confirmation else 0, "verdict": result.verdict,
+                "timings": {name: t.to_json() for name, t in result.confirmation.items()}},
             "outputs_match": result.outputs_match,
             "max_relative_error": result.max_relative_error,
         },

@@ -76,6 +76,18 @@ def test_every_plan_is_compared_in_one_run(ran):
     assert search["compiles"] >= 1 and search["wall_seconds"] > 0
     assert 0 <= search["cut_share"] <= 1
     assert search["outputs_match"] is True
+    # optimize's own confirmation picked the winner, with as many rounds as the comparison.
+    confirmation = search["confirmation"]
+    assert confirmation["rounds"] == 6
+    assert confirmation["verdict"] in ("faster", "tie")
+    assert len(confirmation["timings"]) >= 2
+    for timing in confirmation["timings"].values():
+        assert len(timing["times"]) == 6
+    names = set(confirmation["timings"])
+    if search["winner"]["label"] == "search":
+        assert any(name.startswith("trial ") for name in names)
+    else:
+        assert search["winner"]["label"] in names
     assert record["timing"] == {"warmup": 1, "repeats": 2, "rounds": 6, "trials": 3,
                                 "overridden": False}
 
