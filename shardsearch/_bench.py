@@ -269,7 +269,7 @@ def _plan_row(label: str, role: str, specs: Any, ctx: Any, known: Mapping[str, A
     outcome = known.get(fp)
     if outcome is None or (ctx.objective == "measured" and "total" not in outcome.memory
                            and outcome.cut_stage != 1):
-        outcome = _check(specs, fp, ctx)
+        outcome = _evaluate.evaluate(specs, fp, ctx, run=False)  # stages 1-2 (+ estimate)
     row["memory_per_device"] = dict(sorted(outcome.memory.items()))
     if outcome.status == "failed" or outcome.cut_stage in (1, 2):
         row["status"] = "failed" if outcome.status == "failed" else "does not fit"
@@ -279,11 +279,6 @@ def _plan_row(label: str, role: str, specs: Any, ctx: Any, known: Mapping[str, A
     if ctx.objective == "static":
         row.update(status="estimated", median_seconds=outcome.value)
     return row
-
-
-def _check(specs: Any, fp: str, ctx: Any) -> Any:
-    """Stages 1–2 of an evaluation (the estimate too for the static objective)."""
-    return _evaluate.evaluate(specs, fp, ctx, run=False)
 
 
 def _time_plans(plans: list[dict[str, Any]], ctx: Any, rounds: int) -> None:

@@ -49,20 +49,21 @@ def default_storage() -> str:
 # with the finalists.
 CONFIRM_WITHIN = 1.5
 
+# The search's sampler is Optuna's TPE with these options on top of its
+# defaults (none: `benchmarks/efficiency` replays it against the grouped
+# multivariate variant, random and grid sampling on tables of whole spaces
+# timed beforehand, and over 20 seeds the grouped variant was no better; see
+# `benchmarks/results/efficiency/summary.md`).
+SAMPLER_OPTIONS: dict[str, Any] = {}
+
 # Recorded with each study (and in exported files and bench entries), so a
-# result says which sampler found it.
-SAMPLER = "TPESampler()"
+# result says which sampler found it; derived from the options above.
+SAMPLER = "TPESampler(" + ", ".join(f"{k}={v!r}" for k, v in SAMPLER_OPTIONS.items()) + ")"
 
 
 def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
-    """The search's sampler: Optuna's TPE with its defaults, seeded.
-
-    `benchmarks/efficiency` replays it against the grouped multivariate TPE,
-    random and grid sampling on tables of whole spaces timed beforehand; over
-    20 seeds the grouped variant was no better (see
-    `benchmarks/results/efficiency/summary.md`).
-    """
-    return optuna.samplers.TPESampler(seed=seed)
+    """The search's sampler (`SAMPLER`), seeded."""
+    return optuna.samplers.TPESampler(seed=seed, **SAMPLER_OPTIONS)
 
 
 def open_study(storage: str | None, study_name: str, sampler: Any = None,
