@@ -41,7 +41,7 @@ from ._result import TrialRecord
 from ._search import baseline_candidates, make_context, open_study, optimize
 from ._suite import QUARTER, Entry, Suite
 from ._units import parse_bytes
-from .workloads import get_workload
+from .workloads import expert_plans, get_workload
 
 DEFAULT_OUT = Path("benchmarks/results")
 DEFAULT_RULES = Path("rules")
@@ -220,6 +220,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         "timing": {"warmup": suite.warmup, "repeats": repeats, "rounds": rounds,
                    "trials": n_trials, "overridden": trials is not None},
         "plans": plans,
+        "experts_skipped": dict(expert_plans(workload, mesh).skipped),
         "speedups": _report.speedups(plans),
         "search": {
             "study": study_name, "storage": "studies.db",

@@ -194,37 +194,72 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
             _times(s["vs_single_device"]) if "vs_single_device" in s else "-",
             _memory(winner), _search(r["search"]),
         ]) + " |")
-    lines += ["", *versus_expert(records), "", *LEGEND]
+    lines += ["", *versus_expert(records), "", *skipped_experts(records), *LEGEND]
     if static:
         lines += ["- Entries with objective `static` show XLA-based estimates, not "
                   "measurements: no CI and no verdict."]
     return "\n".join(lines) + "\n"
 
 
+# Static estimates have no noise; within this factor they count as equal.
+ESTIMATE_TOLERANCE = 0.01
+
+
 def versus_expert(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """One paragraph: how the winners fared against the best expert plan that
     fits, counted by verdict, with every entry where the winner was slower
-    and the largest speedup."""
+    and the largest speedup. Static estimates, which have no test, count as
+    "faster (est.)", "equal (est.)" or "slower (est.)"."""
     verdicts: dict[str, list[tuple[float, str, str]]] = {}
     for r in records:
         s = r["speedups"]["vs_best_expert"]
-        verdict = s["verdict"] or ("no expert fits" if s["reference"] is None else
-                                   "not tested")
+        verdict = s["verdict"] or _estimate_verdict(s)
         verdicts.setdefault(verdict, []).append((s["speedup"] or 0.0, r["entry"]["id"],
                                                  _times(s)))
     if not verdicts:
         return []
-    order = ["faster", "tie", "same plan", "slower", "not tested", "no expert fits"]
+    order = ["faster", "faster (est.)", "tie", "equal (est.)", "same plan", "slower",
+             "slower (est.)", "not tested", "no expert fits"]
     counts = ", ".join(f"{len(verdicts[v])} {v}" for v in order if v in verdicts)
     text = f"Winner against the best expert plan that fits: {counts}."
-    if "slower" in verdicts:
+    slower = verdicts.get("slower", []) + verdicts.get("slower (est.)", [])
+    if slower:
         text += " Slower: " + "; ".join(f"{entry} {shown}" for _x, entry, shown in
-                                         sorted(verdicts["slower"], key=lambda t: t[1])) + "."
-    tested = [t for v in ("faster", "tie", "slower") for t in verdicts.get(v, [])]
+                                         sorted(slower, key=lambda t: t[1])) + "."
+    tested = [t for v in order[:7] if v != "same plan" for t in verdicts.get(v, [])]
     if tested:
         _x, entry, shown = max(tested)
         text += f" Largest speedup: {entry} {shown}."
     return [text]
+
+
+def _estimate_verdict(s: Mapping[str, Any]) -> str:
+    if s["reference"] is None:
+        return "no expert fits"
+    if s["speedup"] is None or s["ratio_ci"] is not None:
+        return "not tested"
+    if s["speedup"] > 1 + ESTIMATE_TOLERANCE:
+        return "faster (est.)"
+    return "slower (est.)" if s["speedup"] < 1 - ESTIMATE_TOLERANCE else "equal (est.)"
+
+
+def skipped_experts(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The expert plans that do not apply to an entry (wrong mesh, shapes a
+    mesh axis does not divide, no experts to split), one line per reason, so
+    a "none fits" is never left unexplained."""
+    by_reason: dict[str, tuple[list[str], list[str]]] = {}
+    for r in records:
+        for name, reason in sorted((r.get("experts_skipped") or {}).items()):
+            names, entries = by_reason.setdefault(reason, ([], []))
+            if name not in names:
+                names.append(name)
+            if r["entry"]["id"] not in entries:
+                entries.append(r["entry"]["id"])
+    if not by_reason:
+        return []
+    return ["Expert plans that do not apply (not timed):", "",
+            *(f"- {', '.join(names)} on {', '.join(entries)}: {reason}"
+              for reason, (names, entries) in by_reason.items()), ""]
 
 
 LEGEND = (

@@ -138,7 +138,7 @@ def test_versus_expert_counts_verdicts_and_names_every_slower_entry():
     def record(entry, speedup, verdict, reference="fsdp", ci=(0.9, 1.1)):
         return {"entry": {"id": entry}, "speedups": {"vs_best_expert": {
             "reference": reference, "speedup": speedup, "verdict": verdict,
-            "ratio_ci": list(ci), "note": None}}}
+            "ratio_ci": list(ci) if ci else None, "note": None}}}
 
     records = [record("a", 1.3, "faster", ci=(1.2, 1.4)), record("b", 1.0, "tie"),
                record("c", 0.95, "slower", ci=(0.93, 0.97)), record("d", 1.0, "same plan"),
@@ -148,6 +148,30 @@ def test_versus_expert_counts_verdicts_and_names_every_slower_entry():
         "1 slower, 1 no expert fits. Slower: c 0.95x [0.93–0.97] slower. "
         "Largest speedup: a 1.30x [1.20–1.40] faster."]
     assert versus_expert([]) == []
+    # Static estimates have no test: they are told apart by the estimate alone.
+    static = [record("s1", 1.0, None, ci=None), record("s2", 1.2, None, ci=None),
+              record("s3", 0.5, None, ci=None), record("s4", 1.0, "same plan")]
+    assert versus_expert(static) == [
+        "Winner against the best expert plan that fits: 1 faster (est.), 1 equal (est.), "
+        "1 same plan, 1 slower (est.). Slower: s3 0.50x. Largest speedup: s2 1.20x."]
+
+
+def test_expert_plans_that_do_not_apply_are_listed_once_per_reason(ran):
+    from shardsearch._report import skipped_experts
+
+    _folder, _argv, out, entries = ran
+    # The tiny suite's mlp has no experts to split: ep is skipped, with its reason.
+    assert "ep" in entries["free"]["experts_skipped"]
+    assert "Expert plans that do not apply (not timed):" in (out / "results.md").read_text()
+    records = [{"entry": {"id": e}, "experts_skipped": skipped} for e, skipped in [
+        ("a", {"megatron": "n_heads=25 not divisible", "fsdp_tp": "n_heads=25 not divisible",
+               "ep": "no experts"}),
+        ("b", {"megatron": "n_heads=25 not divisible"}), ("c", {})]]
+    assert skipped_experts(records) == [
+        "Expert plans that do not apply (not timed):", "",
+        "- ep on a: no experts",
+        "- fsdp_tp, megatron on a, b: n_heads=25 not divisible", ""]
+    assert skipped_experts(records[2:]) == []
 
 
 def test_a_second_run_keeps_finished_entries(ran, capsys):
