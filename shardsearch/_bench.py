@@ -105,7 +105,8 @@ def run_suite(
             f"{entry.budget or 'none'}")
         try:
             record = run_entry(suite, entry, folder, Path(rules_dir), trials=trials,
-                               repeats=repeats, rounds=rounds, quiet=quiet, log=log)
+                               repeats=repeats, rounds=rounds, quiet=quiet, log=log,
+                               previous=_read_record(target))
         except (RuntimeError, ValueError) as err:  # this entry's, not the suite's
             failed[entry.id] = f"{type(err).__name__}: {err}"
             log(f"{tag}: FAILED: {failed[entry.id]}")
@@ -146,9 +147,14 @@ def resolve_budget(entry: Entry, workload: Any, mesh: Any) -> dict[str, Any]:
 def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
               trials: int | None = None, repeats: int | None = None,
               rounds: int | None = None, quiet: bool = True,
-              log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+              log: Callable[[str], None] = lambda line: None,
+              previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Searches one entry, compares every plan in one interleaved run, exports
-    the winner; returns the entry's record (what `entries/<id>.json` holds)."""
+    the winner; returns the entry's record (what `entries/<id>.json` holds).
+
+    `previous` is the entry's record from an earlier run (`--force`): the cost
+    of the searches recorded there is kept under `search.earlier_runs`, since
+    a rerun over a finished study runs no trial and could not tell it."""
     # Each entry starts without the executables the previous ones left in
     # JAX's caches: a suite would otherwise grow to tens of GB in one process.
     jax.clear_caches()
@@ -228,6 +234,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
             "compare_seconds": compare,
             "compare_compiles": ctx.compiles + (one_ctx.compiles if one_ctx else 0),
             "trials_before": before, "trial_seconds": trial_seconds,
+            "earlier_runs": _earlier_runs(previous),
             "cut_seconds": cut_seconds,
             "cut_share": cut_seconds / trial_seconds if trial_seconds else None,
             "compiles": result.compiles, "trials": result.summary(),
@@ -242,6 +249,25 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         "rule_file": str(rule_file),
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """An entry's earlier record, or None when there is none (or it cannot be read)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _earlier_runs(previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The search cost of every earlier run of an entry, oldest first."""
+    if not previous or "search" not in previous:
+        return []
+    s = previous["search"]
+    return [*s.get("earlier_runs", []), {
+        "finished_at": previous.get("finished_at"), "wall_seconds": s["wall_seconds"],
+        "compiles": s["compiles"],
+        "new_trials": s["trials"]["trials"] - (s.get("trials_before") or 0)}]
 
 
 def _finished_trials(storage: str, study_name: str) -> int:

@@ -279,8 +279,9 @@ LEGEND = (
     "- *search*: wall time of the search, compiles, trials (completed / cut at check, "
     "compile, measure / failed / cache hits) and the share of trial time spent on "
     "candidates that were cut. An entry re-run with `--force` over a finished study runs "
-    "no trial: it shows the trials' own time instead, and this run's (the confirmation's) "
-    "wall time and compiles.",
+    "no trial: it shows the wall time and compiles of the earlier runs that searched "
+    "(the trials' own time when those were not recorded), then this run's (the "
+    "confirmation's).",
 )
 
 
@@ -324,12 +325,18 @@ def _memory(plan: Mapping[str, Any]) -> str:
 def _search(s: Mapping[str, Any]) -> str:
     t = s["trials"]
     share = f"{s['cut_share']:.0%}" if s["cut_share"] is not None else "-"
-    # A rerun over a finished study ran no trial: its wall time and compiles
-    # are the confirmation's, and the search's cost is the trials' own time.
-    cost = (f"resumed, no new trial ({s['trial_seconds']:.0f} s in trials; this run "
-            f"{s['wall_seconds']:.0f} s, {s['compiles']} compiles)"
-            if s.get("trials_before") and s["trials_before"] >= t["trials"] else
-            f"{s['wall_seconds']:.0f} s, {s['compiles']} compiles")
+    cost = f"{s['wall_seconds']:.0f} s, {s['compiles']} compiles"
+    if s.get("trials_before") and s["trials_before"] >= t["trials"]:
+        # A rerun over a finished study ran no trial: its wall time and
+        # compiles are the confirmation's. The search's cost is that of the
+        # earlier runs that ran trials, when they were recorded, else the
+        # trials' own time.
+        ran = [r for r in s.get("earlier_runs", []) if r["new_trials"] > 0]
+        searched = (f"{sum(r['wall_seconds'] for r in ran):.0f} s, "
+                    f"{sum(r['compiles'] for r in ran)} compiles in "
+                    f"{'the earlier run' if len(ran) == 1 else f'{len(ran)} earlier runs'}"
+                    if ran else f"{s['trial_seconds']:.0f} s in trials")
+        cost = f"{searched}; resumed, no new trial (this run {cost})"
     return (f"{cost}; {t['trials']} trials: "
             f"{t['completed']} / {t['cut_check']}, {t['cut_compile']}, {t['cut_measure']} / "
             f"{t['failed']} / {t['cache_hits']}; {share} on cut")

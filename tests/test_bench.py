@@ -184,6 +184,22 @@ def test_a_second_run_keeps_finished_entries(ran, capsys):
     assert {p.name: p.read_bytes() for p in (out / "entries").glob("*.json")} == before
 
 
+def test_a_forced_rerun_keeps_the_cost_of_the_search_it_resumes(ran):
+    _folder, argv, out, entries = ran
+    first = entries["free"]["search"]
+    assert first["earlier_runs"] == []
+    assert _cli.main([*argv, "--force", "--entries", "free"]) == 0
+    again = json.loads((out / "entries" / "free.json").read_text())["search"]
+    assert again["trials_before"] == 3 and again["trials"]["trials"] == 3  # no new trial
+    assert again["earlier_runs"] == [{
+        "finished_at": entries["free"]["finished_at"], "wall_seconds": first["wall_seconds"],
+        "compiles": first["compiles"], "new_trials": 3}]
+    row = next(line for line in (out / "results.md").read_text().splitlines()
+               if line.startswith("| free |"))
+    assert (f"{first['wall_seconds']:.0f} s, {first['compiles']} compiles in the earlier run; "
+            "resumed, no new trial") in row
+
+
 def test_a_failing_entry_is_reported_and_left_for_the_next_run(tmp_path, capsys):
     path = _suite(tmp_path, [{"id": "small", **TINY, "budget": "1KB"}])
     code = _cli.main(["bench", "--suite", str(path), "--out", str(tmp_path / "out"),
@@ -289,4 +305,13 @@ def test_search_cost_of_a_rerun_over_a_finished_study_says_so():
     assert _search(first).startswith("600 s, 30 compiles; 40 trials: 30 / 1, 2, 7 / 0 / 10")
     rerun = {**first, "wall_seconds": 50.0, "compiles": 4, "trials_before": 40}
     assert _search(rerun).startswith(
-        "resumed, no new trial (580 s in trials; this run 50 s, 4 compiles); 40 trials")
+        "580 s in trials; resumed, no new trial (this run 50 s, 4 compiles); 40 trials")
+    # The runs that searched, when the entry kept them, give the cost instead.
+    earlier = [{"wall_seconds": 400.0, "compiles": 20, "new_trials": 25},
+               {"wall_seconds": 250.0, "compiles": 12, "new_trials": 15},
+               {"wall_seconds": 45.0, "compiles": 5, "new_trials": 0}]
+    assert _search({**rerun, "earlier_runs": earlier[2:]}).startswith("580 s in trials; ")
+    assert _search({**rerun, "earlier_runs": earlier[1:]}).startswith(
+        "250 s, 12 compiles in the earlier run; resumed, no new trial (this run 50 s")
+    assert _search({**rerun, "earlier_runs": earlier}).startswith(
+        "650 s, 32 compiles in 2 earlier runs; resumed, no new trial (this run 50 s")
