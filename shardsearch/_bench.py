@@ -266,7 +266,7 @@ def _earlier_runs(previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     s = previous["search"]
     return [*s.get("earlier_runs", []), {
         "finished_at": previous.get("finished_at"), "wall_seconds": s["wall_seconds"],
-        "compiles": s["compiles"],
+        "compiles": s["compiles"], "trials_before": s.get("trials_before") or 0,
         "new_trials": s["trials"]["trials"] - (s.get("trials_before") or 0)}]
 
 

@@ -336,7 +336,11 @@ def _search(s: Mapping[str, Any]) -> str:
                     f"{sum(r['compiles'] for r in ran)} compiles in "
                     f"{'the earlier run' if len(ran) == 1 else f'{len(ran)} earlier runs'}"
                     if ran else f"{s['trial_seconds']:.0f} s in trials")
+        if ran and ran[0].get("trials_before"):
+            searched += f" (+ {ran[0]['trials_before']} earlier trials)"
         cost = f"{searched}; resumed, no new trial (this run {cost})"
+    elif s.get("trials_before"):
+        cost += f" (+ {s['trials_before']} earlier trials)"
     return (f"{cost}; {t['trials']} trials: "
             f"{t['completed']} / {t['cut_check']}, {t['cut_compile']}, {t['cut_measure']} / "
             f"{t['failed']} / {t['cache_hits']}; {share} on cut")

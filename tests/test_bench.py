@@ -193,7 +193,7 @@ def test_a_forced_rerun_keeps_the_cost_of_the_search_it_resumes(ran):
     assert again["trials_before"] == 3 and again["trials"]["trials"] == 3  # no new trial
     assert again["earlier_runs"] == [{
         "finished_at": entries["free"]["finished_at"], "wall_seconds": first["wall_seconds"],
-        "compiles": first["compiles"], "new_trials": 3}]
+        "compiles": first["compiles"], "trials_before": 0, "new_trials": 3}]
     row = next(line for line in (out / "results.md").read_text().splitlines()
                if line.startswith("| free |"))
     assert (f"{first['wall_seconds']:.0f} s, {first['compiles']} compiles in the earlier run; "
@@ -315,3 +315,9 @@ def test_search_cost_of_a_rerun_over_a_finished_study_says_so():
         "250 s, 12 compiles in the earlier run; resumed, no new trial (this run 50 s")
     assert _search({**rerun, "earlier_runs": earlier}).startswith(
         "650 s, 32 compiles in 2 earlier runs; resumed, no new trial (this run 50 s")
+    # Trials of a killed run have no recorded wall time: the count says so.
+    earlier[1]["trials_before"] = 25
+    assert _search({**rerun, "earlier_runs": earlier[1:]}).startswith(
+        "250 s, 12 compiles in the earlier run (+ 25 earlier trials); resumed")
+    assert _search({**first, "trials_before": 25}).startswith(
+        "600 s, 30 compiles (+ 25 earlier trials); 40 trials")
