@@ -208,8 +208,9 @@ ESTIMATE_TOLERANCE = 0.01
 def versus_expert(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """One paragraph: how the winners fared against the best expert plan that
     fits, counted by verdict, with every entry where the winner was slower
-    and the largest speedup. Static estimates, which have no test, count as
-    "faster (est.)", "equal (est.)" or "slower (est.)"."""
+    and the largest significant (or estimated) speedup. Static estimates,
+    which have no test, count as "faster (est.)", "equal (est.)" or
+    "slower (est.)"."""
     verdicts: dict[str, list[tuple[float, str, str]]] = {}
     for r in records:
         s = r["speedups"]["vs_best_expert"]
@@ -226,9 +227,9 @@ def versus_expert(records: Sequence[Mapping[str, Any]]) -> list[str]:
     if slower:
         text += " Slower: " + "; ".join(f"{entry} {shown}" for _x, entry, shown in
                                          sorted(slower, key=lambda t: t[1])) + "."
-    tested = [t for v in order[:7] if v != "same plan" for t in verdicts.get(v, [])]
-    if tested:
-        _x, entry, shown = max(tested)
+    faster = verdicts.get("faster", []) + verdicts.get("faster (est.)", [])
+    if faster:
+        _x, entry, shown = max(faster)
         text += f" Largest speedup: {entry} {shown}."
     return [text]
 

@@ -154,6 +154,11 @@ def test_versus_expert_counts_verdicts_and_names_every_slower_entry():
     assert versus_expert(static) == [
         "Winner against the best expert plan that fits: 1 faster (est.), 1 equal (est.), "
         "1 same plan, 1 slower (est.). Slower: s3 0.50x. Largest speedup: s2 1.20x."]
+    # No speedup to name when no winner is faster: ties are not speedups.
+    assert versus_expert([static[0], static[3]]) == [
+        "Winner against the best expert plan that fits: 1 equal (est.), 1 same plan."]
+    assert versus_expert([record("t", 1.04, "tie")]) == [
+        "Winner against the best expert plan that fits: 1 tie."]
 
 
 def test_expert_plans_that_do_not_apply_are_listed_once_per_reason(ran):
@@ -321,3 +326,36 @@ def test_search_cost_of_a_rerun_over_a_finished_study_says_so():
         "250 s, 12 compiles in the earlier run (+ 25 earlier trials); resumed")
     assert _search({**first, "trials_before": 25}).startswith(
         "600 s, 30 compiles (+ 25 earlier trials); 40 trials")
+
+
+def test_recheck_retimes_the_exported_winner_against_a_reference(ran, tmp_path, capsys):
+    folder, _argv, out, _entries = ran
+    spec = importlib.util.spec_from_file_location("recheck", REPO / "benchmarks/recheck/run.py")
+    recheck = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recheck)
+    args = ["--suite", str(folder / "tiny.json"), "--results", str(out.parent),
+            "--entries", "free", "--times", "2", "--rounds", "6", "--out", str(tmp_path)]
+    plans = json.loads((out / "entries" / "free.json").read_text())["plans"]
+    winner = plans[0]["fingerprint"]
+    other = next(p["label"] for p in plans[1:] if p["fingerprint"] != winner)
+    twin = next((p["label"] for p in plans[1:] if p["fingerprint"] == winner), None)
+    assert recheck.main([*args, "--against", other]) == 0
+    data = json.loads((tmp_path / "recheck.json").read_text())
+    [entry] = data["entries"]
+    assert entry["entry"] == "free" and entry["reference"] == other
+    assert len(entry["repetitions"]) == 2
+    for rep in entry["repetitions"]:
+        assert len(rep["winner_times"]) == len(rep["reference_times"]) == 6
+        assert rep["speedup"] == pytest.approx(rep["reference_seconds"] / rep["winner_seconds"])
+        assert rep["verdict"] in ("faster", "slower", "tie")
+    assert "| free |" in (tmp_path / "recheck.md").read_text()
+    # A plan the entry does not have is a usage error naming the entry and its plans.
+    with pytest.raises(SystemExit) as exit_:
+        recheck.main([*args, "--against", "nosuch"])
+    assert exit_.value.code == 2
+    assert "entry free has no plan 'nosuch'; its plans are winner, replicated" in (
+        capsys.readouterr().err)
+    if twin is not None:  # the winner against itself is refused, not timed
+        with pytest.raises(SystemExit):
+            recheck.main([*args, "--against", twin])
+        assert "winner is the plan" in capsys.readouterr().err
