@@ -1,0 +1,199 @@
+"""Recheck a suite's verdicts: re-time recorded winners against a reference, again and again.
+
+A suite entry compares its plans in one interleaved run. On a noisy machine
+(simulated devices sharing two cores) plans a few percent apart can swap
+places between runs, so a "faster" or "slower" verdict from one run says
+little about the next. This script takes the recorded entries of a suite,
+loads each winner from its exported rule file (`rules/<suite>/<id>.json`,
+the file a user would load) and the reference plan (by default the entry's
+best expert plan that fits), and re-times the pair interleaved `--times`
+times, each a fresh run of `--rounds` rounds. Every repetition gets its own
+ratio, 95% CI and paired Wilcoxon verdict, computed as the suite's report
+computes them.
+
+By default it rechecks the entries whose winner is not the best expert plan
+itself (a "same plan" entry has nothing to recheck). Output: `recheck.json`
+(every time) and `recheck.md` (one row per entry) in the suite's results
+folder, or `--out`.
+
+Run from the repository root, with nothing else running:
+
+    python benchmarks/recheck/run.py --suite cpu-sim8
+    python benchmarks/recheck/run.py --suite cpu-sim8 --entries mlp-small-dp8 --times 5
+    python benchmarks/recheck/run.py --suite cpu-sim8 --against replicated   # any baseline
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+BEST_EXPERT = "best_expert"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", required=True, help="suite name or file (as for `bench`)")
+    p.add_argument("--results", default="benchmarks/results",
+                   help="where the suite's results are (default benchmarks/results)")
+    p.add_argument("--entries", help="comma-separated entry ids (default: every entry whose "
+                   "winner differs from its reference)")
+    p.add_argument("--against", default=BEST_EXPERT,
+                   help="the reference plan: best_expert (default) or a baseline's name "
+                   "(replicated, default, dp, fsdp, ...)")
+    p.add_argument("--times", type=int, default=3, help="repetitions per entry (default 3)")
+    p.add_argument("--rounds", type=int, default=20,
+                   help="interleaved rounds per repetition (default 20)")
+    p.add_argument("--out", help="output folder (default: the suite's results folder)")
+    a = p.parse_args(argv)
+    if a.times < 1 or a.rounds < 6:
+        p.error("--times must be at least 1 and --rounds at least 6 (the paired test "
+                "needs 6 rounds)")
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from shardsearch._suite import load_suite, prepare_devices
+
+    try:
+        suite = load_suite(a.suite)
+        prepare_devices(suite)
+        folder = Path(a.results) / suite.name
+        records = _records(folder, suite, a.entries.split(",") if a.entries else None,
+                           a.against)
+    except ValueError as err:
+        p.error(str(err))
+    if not records:
+        print(f"nothing to recheck in {folder}/entries (no entry whose winner differs from "
+              f"its {a.against})", file=sys.stderr)
+        return 1
+    out = Path(a.out) if a.out else folder
+    results = []
+    for record, reference in records:
+        entry_id = record["entry"]["id"]
+        print(f"{entry_id}: winner against {reference}, {a.times} x {a.rounds} rounds",
+              flush=True)
+        result = recheck(suite, record, reference, times=a.times, rounds=a.rounds)
+        for i, rep in enumerate(result["repetitions"], 1):
+            print(f"  {i}: {_shown(rep)}", flush=True)
+        results.append(result)
+    summary = {"suite": suite.name, "times": a.times, "rounds": a.rounds,
+               "against": a.against, "command": " ".join(["python", *sys.argv]),
+               "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+               "entries": results}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recheck.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (out / "recheck.md").write_text(markdown(summary), encoding="utf-8")
+    print(f"wrote {out / 'recheck.md'}")
+    return 0
+
+
+def _records(folder: Path, suite: Any, ids: list[str] | None,
+             against: str) -> list[tuple[dict[str, Any], str]]:
+    """The entry records to recheck, each with its reference plan's name."""
+    wanted = [e.id for e in suite.select(ids)]
+    out = []
+    for entry_id in wanted:
+        path = folder / "entries" / f"{entry_id}.json"
+        if not path.exists():
+            if ids:
+                raise ValueError(f"{path} does not exist; run the entry first "
+                                 f"(shardsearch bench --suite {suite.name} --entries {entry_id})")
+            continue
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record["objective"] != "measured":
+            continue
+        plans = {p["label"]: p for p in record["plans"]}
+        if against == BEST_EXPERT:
+            reference = record["speedups"]["vs_best_expert"]["reference"]
+        else:
+            reference = against
+            if against not in plans:
+                raise ValueError(f"entry {entry_id} has no plan {against!r}; its plans are "
+                                 f"{', '.join(plans)}")
+        if reference is None or not plans[reference]["fits"]:
+            continue
+        if plans[reference]["fingerprint"] == plans["winner"]["fingerprint"]:
+            if ids:
+                raise ValueError(f"entry {entry_id}'s winner is the plan {reference!r} "
+                                 "itself: nothing to recheck; name another with --against")
+            continue
+        out.append((record, reference))
+    return out
+
+
+def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
+            rounds: int) -> dict[str, Any]:
+    """Re-times an entry's exported winner against `reference`, `times` runs."""
+    import jax
+
+    from shardsearch import _confirm, _mesh, _report, load_plan
+    from shardsearch._search import baseline_candidates, make_context
+    from shardsearch.workloads import get_workload
+
+    entry = suite.select([record["entry"]["id"]])[0]
+    dims, names = _mesh.parse_mesh(entry.mesh)
+    mesh = _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])
+    workload = get_workload(entry.workload_name)
+    ctx, _ = make_context(workload, None, mesh, memory_budget=record["budget"]["bytes"],
+                          objective="measured", seed=entry.seed, warmup=suite.warmup,
+                          repeats=suite.repeats)
+    plans = {p["label"]: p for p in record["plans"]}
+    winner_specs = load_plan(record["rule_file"], mesh=mesh).apply(ctx.abstract_args)
+    reference_specs = baseline_candidates(workload, mesh)[reference].specs(ctx.abstract_args)
+    repetitions = []
+    for _ in range(times):
+        timings = _confirm.retime([("winner", winner_specs), (reference, reference_specs)],
+                                  ctx, rounds)
+        rows = {label: {"label": label, "role": "expert", "times": list(t.times),
+                        "median_seconds": t.median,
+                        "fingerprint": plans["winner" if label == "winner" else
+                                             reference]["fingerprint"]}
+                for label, t in timings.items()}
+        rows["winner"]["role"] = "winner"
+        speedup = _report._speedup(rows["winner"], rows[reference])
+        repetitions.append({**speedup, "winner_seconds": rows["winner"]["median_seconds"],
+                            "reference_seconds": rows[reference]["median_seconds"],
+                            "winner_times": rows["winner"]["times"],
+                            "reference_times": rows[reference]["times"]})
+    recorded = _report._speedup(plans["winner"], plans[reference])
+    return {"entry": record["entry"]["id"], "winner": plans["winner"].get("source"),
+            "reference": reference, "rule_file": record["rule_file"],
+            "recorded": {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")},
+            "repetitions": repetitions}
+
+
+def _shown(s: dict[str, Any]) -> str:
+    ci = s.get("ratio_ci")
+    text = f"{s['speedup']:.2f}x" if s.get("speedup") is not None else "-"
+    if ci:
+        text += f" [{ci[0]:.2f}–{ci[1]:.2f}]"
+    return text + (f" {s['verdict']}" if s.get("verdict") else "")
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    n = summary["times"]
+    lines = [
+        f"# Recheck of `{summary['suite']}`", "",
+        f"Each entry's exported winner re-timed against its reference "
+        f"({summary['against'].replace('_', ' ')}), {n} separate interleaved runs of "
+        f"{summary['rounds']} rounds, after the suite. Ratio = reference median / winner "
+        "median (above 1x: the winner is faster), 95% CI of the per-round ratio, paired "
+        "Wilcoxon verdict.", "",
+        f"Command: `{summary['command']}` ({summary['finished_at']})", "",
+        "| entry | winner | reference | in the suite | "
+        + " | ".join(f"run {i}" for i in range(1, n + 1)) + " |",
+        "|" + "---|" * (4 + n),
+    ]
+    for e in summary["entries"]:
+        lines.append("| " + " | ".join([e["entry"], str(e["winner"]), e["reference"],
+                                        _shown(e["recorded"]),
+                                        *(_shown(r) for r in e["repetitions"])]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
