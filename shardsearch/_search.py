@@ -523,8 +523,8 @@ def _finish(runner: _Runner, workload: Any, mesh: Any, rounds: int) -> OptimizeR
         confirmation = _confirm.retime(labelled, ctx, rounds)
         base_fps = {r.outcome.fingerprint for r in base_records}
         winner, verdict = pick_winner(
-            [(r, confirmation[_name(r)].times, r.outcome.fingerprint in base_fps)
-             for r in finalists])
+            [(r, confirmation[_name(r)].times, r.outcome.fingerprint in base_fps,
+              r.outcome.memory.get("total")) for r in finalists])
     best_specs = runner.specs[winner.outcome.fingerprint]
     outputs_match = worst = None
     if ctx.objective == "measured":
@@ -541,27 +541,47 @@ def _finish(runner: _Runner, workload: Any, mesh: Any, rounds: int) -> OptimizeR
         mesh_axes=_mesh.axis_sizes(mesh), compiles=ctx.compiles)
 
 
-def pick_winner(finalists: Sequence[tuple[Any, Sequence[float], bool]]) -> tuple[Any, str]:
+def pick_winner(
+    finalists: Sequence[tuple[Any, Sequence[float], bool] | tuple[Any, Sequence[float], bool,
+                                                                  int | None]],
+) -> tuple[Any, str]:
     """The winner of the interleaved re-timing, and its verdict.
 
     Args:
-      finalists: `(item, paired times, is_baseline)`; at least two, each with
-        the same number of rounds.
+      finalists: `(item, paired times, is_baseline[, bytes per device])`; at
+        least two, each with the same number of rounds.
 
-    The fastest median wins, except that a searched plan must be
-    significantly faster (one-sided paired Wilcoxon) than the fastest
-    baseline among the finalists to take its place: picking the lowest of a
-    few noisy medians favours whichever got lucky, and on a tie the plan a
-    person already knows is the better answer. Verdict: "faster" when the
-    winner is significantly faster than the fastest of the others, else "tie".
+    The fastest median wins, except that
+
+    - a searched plan must be significantly faster (one-sided paired
+      Wilcoxon) than the fastest baseline among the finalists to take its
+      place: picking the lowest of a few noisy medians favours whichever got
+      lucky, and on a tie the plan a person already knows is the better answer;
+    - when the winner is a baseline, the baselines it is not significantly
+      faster than tie with it, and of those the one with the smallest
+      per-device memory wins (unknown memory counts as largest): the same
+      speed with more headroom, and a choice that does not flip between two
+      runs with the noise (data parallel against FSDP on a simulated mesh).
+
+    Verdict: "faster" when the winner is significantly faster than the
+    fastest of the others, else "tie".
     """
     order = sorted(finalists, key=lambda f: statistics.median(f[1]))
     winner = order[0]
     base = next((f for f in order if f[2]), None)
     if not winner[2] and base is not None and not _confirm.faster_than(winner[1], base[1]):
         winner = base
+    if winner[2]:
+        tied = [f for f in order if f[2] and (f is winner or not _confirm.faster_than(
+            winner[1], f[1]))]
+        winner = min(tied, key=_footprint)  # stable: the faster on equal memory
     runner_up = next(f for f in order if f is not winner)
     return winner[0], "faster" if _confirm.faster_than(winner[1], runner_up[1]) else "tie"
+
+
+def _footprint(finalist: tuple[Any, ...]) -> float:
+    memory = finalist[3] if len(finalist) > 3 else None
+    return math.inf if memory is None else memory
 
 
 def _name(record: TrialRecord) -> str:

@@ -222,3 +222,23 @@ def test_pick_winner_keeps_the_baseline_unless_the_search_is_significantly_faste
     assert pick_winner([("a", lucky, False), ("b", base, False)]) == ("a", "tie")
     # A baseline that is fastest wins whatever the searched plans do.
     assert pick_winner([("fsdp", clear, True), ("search", base, False)]) == ("fsdp", "faster")
+
+
+def test_pick_winner_takes_the_smallest_of_the_baselines_that_tie():
+    from shardsearch._search import pick_winner
+
+    drift = np.linspace(0, 0.05, 12)
+    base = list(1.0 + drift)
+    lucky = list(1.0 + drift + np.array([-0.03, 0.02] * 6))  # lower median, not significant
+    clear = list(0.8 + drift)
+    # dp's lower median is luck: fsdp ties with it and needs a quarter of the memory.
+    assert pick_winner([("dp", lucky, True, 400), ("fsdp", base, True, 100)]) == ("fsdp", "tie")
+    # A baseline that is significantly faster keeps its place whatever it needs.
+    assert pick_winner([("dp", clear, True, 400), ("fsdp", base, True, 100)]) == (
+        "dp", "faster")
+    # Equal or unknown memory: the fastest median, as without memory.
+    assert pick_winner([("dp", lucky, True, 100), ("fsdp", base, True, 100)])[0] == "dp"
+    assert pick_winner([("dp", lucky, True, None), ("fsdp", base, True, None)])[0] == "dp"
+    assert pick_winner([("dp", lucky, True, 400), ("fsdp", base, True, None)])[0] == "dp"
+    # A searched plan that ties is never the one picked for its memory.
+    assert pick_winner([("search", lucky, False, 1), ("dp", base, True, 400)])[0] == "dp"
