@@ -172,7 +172,7 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
         f"{_bytes(memory) if memory else '?'} memory; jax {versions.get('jax')}, jaxlib "
         f"{versions.get('jaxlib')}, optuna {versions.get('optuna')} (details in "
         f"`machine.json`, raw numbers in `entries/<id>.json`).", "",
-        f"Command: `{machine.get('command', '')}`", "",
+        _commands(records, machine), "",
         "| entry | workload | mesh | budget/device | winner | ms [95% CI] | replicated ms "
         "| default ms | best expert ms | × replicated | × default | × best expert "
         "| × 1 device | memory/device | search |",
@@ -203,6 +203,20 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
 
 # Static estimates have no noise; within this factor they count as equal.
 ESTIMATE_TOLERANCE = 0.01
+
+
+def _commands(records: Sequence[Mapping[str, Any]], machine: Mapping[str, Any]) -> str:
+    """The command(s) that produced the entries: one line, each command with
+    the entries it produced when they are not all from one run."""
+    by: dict[str, list[str]] = {}
+    for r in records:
+        command = (r.get("machine") or {}).get("command") or machine.get("command", "")
+        by.setdefault(command, []).append(r["entry"]["id"])
+    if len(by) <= 1:
+        return f"Command: `{next(iter(by), machine.get('command', ''))}`"
+    return "Commands: " + "; ".join(
+        f"`{command}` ({', '.join(ids) if len(ids) <= 3 else f'{len(ids)} entries'})"
+        for command, ids in sorted(by.items(), key=lambda kv: -len(kv[1]))) + "."
 
 
 def versus_expert(records: Sequence[Mapping[str, Any]]) -> list[str]:

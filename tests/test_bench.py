@@ -132,6 +132,20 @@ def test_files_written(ran):
     assert "Winner against the best expert plan that fits: " in table
 
 
+def test_the_report_names_the_command_of_every_entry():
+    from shardsearch._report import _commands
+
+    def record(entry, command):
+        return {"entry": {"id": entry}, "machine": {"command": command}}
+
+    whole = "shardsearch bench --suite s"
+    assert _commands([record("a", whole), record("b", whole)], {}) == f"Command: `{whole}`"
+    assert _commands([], {"command": whole}) == f"Command: `{whole}`"
+    some = [record(e, whole) for e in "abcd"] + [record("e", whole + " --entries e")]
+    assert _commands(some, {}) == (
+        f"Commands: `{whole}` (4 entries); `{whole} --entries e` (e).")
+
+
 def test_versus_expert_counts_verdicts_and_names_every_slower_entry():
     from shardsearch._report import versus_expert
 
