@@ -49,6 +49,9 @@ def default_storage() -> str:
 # with the finalists.
 CONFIRM_WITHIN = 1.5
 
+# Significance level of the confirmation's paired tests.
+ALPHA = 0.05
+
 # The search's sampler is Optuna's TPE with these options on top of its
 # defaults (none: `benchmarks/efficiency` replays it against the grouped
 # multivariate variant, random and grid sampling on tables of whole spaces
@@ -554,9 +557,10 @@ def pick_winner(
     The fastest median wins, except that
 
     - a searched plan must be significantly faster (one-sided paired
-      Wilcoxon) than the fastest baseline among the finalists to take its
-      place: picking the lowest of a few noisy medians favours whichever got
-      lucky, and on a tie the plan a person already knows is the better answer;
+      Wilcoxon, at 5% divided by the number of searched finalists) than the
+      fastest baseline among the finalists to take its place: picking the
+      lowest of a few noisy medians favours whichever got lucky, and on a tie
+      the plan a person already knows is the better answer;
     - when the winner is a baseline, the baselines it is not significantly
       faster than tie with it, and of those the one with the smallest
       per-device memory wins (unknown memory counts as largest): the same
@@ -569,7 +573,12 @@ def pick_winner(
     order = sorted(finalists, key=lambda f: statistics.median(f[1]))
     winner = order[0]
     base = next((f for f in order if f[2]), None)
-    if not winner[2] and base is not None and not _confirm.faster_than(winner[1], base[1]):
+    searched = sum(not f[2] for f in finalists)
+    # The fastest of several searched plans is tested, so the level is split
+    # among them (Bonferroni): the best of three noisy medians beats a
+    # baseline at 5% far more often than one plan that is no faster does.
+    if not winner[2] and base is not None and not _confirm.faster_than(
+            winner[1], base[1], alpha=ALPHA / searched):
         winner = base
     if winner[2]:
         tied = [f for f in order if f[2] and (f is winner or not _confirm.faster_than(

@@ -224,6 +224,23 @@ def test_pick_winner_keeps_the_baseline_unless_the_search_is_significantly_faste
     assert pick_winner([("fsdp", clear, True), ("search", base, False)]) == ("fsdp", "faster")
 
 
+def test_pick_winner_splits_the_level_among_the_searched_finalists():
+    from scipy import stats
+
+    from shardsearch._search import pick_winner
+
+    base = [1.0] * 12
+    # Faster in 9 of 12 paired rounds: p = 0.032, significant alone, not as
+    # the best of two searched plans (0.05 / 2).
+    step = np.arange(1, 13) / 100
+    edge = list(1.0 - step * np.where(np.isin(np.arange(12), (0, 1, 11)), -1, 1))
+    assert 0.025 < stats.wilcoxon(np.subtract(edge, base), alternative="less").pvalue < 0.05
+    other = [1.01] * 12
+    assert pick_winner([("s1", edge, False), ("fsdp", base, True)])[0] == "s1"
+    assert pick_winner([("s1", edge, False), ("s2", other, False),
+                        ("fsdp", base, True)])[0] == "fsdp"
+
+
 def test_pick_winner_takes_the_smallest_of_the_baselines_that_tie():
     from shardsearch._search import pick_winner
 
