@@ -106,7 +106,7 @@ def run_suite(
         try:
             record = run_entry(suite, entry, folder, Path(rules_dir), trials=trials,
                                repeats=repeats, rounds=rounds, quiet=quiet, log=log,
-                               previous=_read_record(target))
+                               previous=_report._read(target))
         except (RuntimeError, ValueError) as err:  # this entry's, not the suite's
             failed[entry.id] = f"{type(err).__name__}: {err}"
             log(f"{tag}: FAILED: {failed[entry.id]}")
@@ -249,14 +249,6 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         "rule_file": str(rule_file),
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-
-
-def _read_record(path: Path) -> dict[str, Any] | None:
-    """An entry's earlier record, or None when there is none (or it cannot be read)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def _earlier_runs(previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:

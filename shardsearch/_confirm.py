@@ -55,7 +55,11 @@ def median_ci(times: Sequence[float], level: float = 0.95) -> tuple[float, float
     return (xs[lo], xs[n - 1 - lo])
 
 
-def faster_than(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> bool:
+# Significance level of the paired tests (the confirmation's and the reports').
+ALPHA = 0.05
+
+
+def faster_than(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> bool:
     """True when paired samples `a` are significantly smaller than `b`
     (one-sided Wilcoxon signed-rank test on the per-round differences)."""
     diffs = np.asarray(a) - np.asarray(b)

@@ -201,10 +201,6 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
     return "\n".join(lines) + "\n"
 
 
-# Static estimates have no noise; within this factor they count as equal.
-ESTIMATE_TOLERANCE = 0.01
-
-
 def _commands(records: Sequence[Mapping[str, Any]], machine: Mapping[str, Any]) -> str:
     """The command(s) that produced the entries: one line, each command with
     the entries it produced when they are not all from one run."""
@@ -246,6 +242,10 @@ def versus_expert(records: Sequence[Mapping[str, Any]]) -> list[str]:
         _x, entry, shown = max(faster)
         text += f" Largest speedup: {entry} {shown}."
     return [text]
+
+
+# Static estimates have no noise; within this factor they count as equal.
+ESTIMATE_TOLERANCE = 0.01
 
 
 def _estimate_verdict(s: Mapping[str, Any]) -> str:

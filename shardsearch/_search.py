@@ -49,9 +49,6 @@ def default_storage() -> str:
 # with the finalists.
 CONFIRM_WITHIN = 1.5
 
-# Significance level of the confirmation's paired tests.
-ALPHA = 0.05
-
 # The search's sampler is Optuna's TPE with these options on top of its
 # defaults (none: `benchmarks/efficiency` replays it against the grouped
 # multivariate variant, random and grid sampling on tables of whole spaces
@@ -578,7 +575,7 @@ def pick_winner(
     # among them (Bonferroni): the best of three noisy medians beats a
     # baseline at 5% far more often than one plan that is no faster does.
     if not winner[2] and base is not None and not _confirm.faster_than(
-            winner[1], base[1], alpha=ALPHA / searched):
+            winner[1], base[1], alpha=_confirm.ALPHA / searched):
         winner = base
     if winner[2]:
         tied = [f for f in order if f[2] and (f is winner or not _confirm.faster_than(

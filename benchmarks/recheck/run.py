@@ -148,17 +148,14 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
     for _ in range(times):
         timings = _confirm.retime([("winner", winner_specs), (reference, reference_specs)],
                                   ctx, rounds)
-        rows = {label: {"label": label, "role": "expert", "times": list(t.times),
-                        "median_seconds": t.median,
-                        "fingerprint": plans["winner" if label == "winner" else
-                                             reference]["fingerprint"]}
-                for label, t in timings.items()}
-        rows["winner"]["role"] = "winner"
-        speedup = _report._speedup(rows["winner"], rows[reference])
-        repetitions.append({**speedup, "winner_seconds": rows["winner"]["median_seconds"],
-                            "reference_seconds": rows[reference]["median_seconds"],
-                            "winner_times": rows["winner"]["times"],
-                            "reference_times": rows[reference]["times"]})
+        # Plan rows as the suite records them, so the ratio, CI and verdict
+        # are the report's own.
+        win, ref = ({**plans[label], "times": list(timings[label].times),
+                     "median_seconds": timings[label].median} for label in ("winner", reference))
+        repetitions.append({**_report._speedup(win, ref),
+                            "winner_seconds": win["median_seconds"],
+                            "reference_seconds": ref["median_seconds"],
+                            "winner_times": win["times"], "reference_times": ref["times"]})
     recorded = _report._speedup(plans["winner"], plans[reference])
     return {"entry": record["entry"]["id"], "winner": plans["winner"].get("source"),
             "reference": reference, "rule_file": record["rule_file"],
@@ -167,11 +164,11 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
 
 
 def _shown(s: dict[str, Any]) -> str:
-    ci = s.get("ratio_ci")
-    text = f"{s['speedup']:.2f}x" if s.get("speedup") is not None else "-"
-    if ci:
-        text += f" [{ci[0]:.2f}–{ci[1]:.2f}]"
-    return text + (f" {s['verdict']}" if s.get("verdict") else "")
+    """A speedup as `results.md` shows it (imported here: `main` puts the
+    repository on the path first)."""
+    from shardsearch._report import _times
+
+    return _times(s)
 
 
 def markdown(summary: dict[str, Any]) -> str:
