@@ -3,42 +3,42 @@
 The public API lives here; the underscore modules behind it are private.
 """
 
-from ._analyzer import ShardingAnalyzer as ShardingAnalyzer
-from ._cost import HardwareModel as HardwareModel
-from ._evaluate import Outcome as Outcome
-from ._export import export_config as export_config
-from ._export import partition_rules_source as partition_rules_source
-from ._export import plan_config as plan_config
-from ._export import write_config as write_config
-from ._mesh import abstract_mesh as abstract_mesh
-from ._mesh import create_mesh as create_mesh
-from ._mesh import get_incontext_mesh as get_incontext_mesh
-from ._mesh import parse_mesh as parse_mesh
-from ._mesh import use_cpu_devices as use_cpu_devices
-from ._monitor import ShardingWarning as ShardingWarning
-from ._monitor import barrier_sync as barrier_sync
-from ._monitor import create_monitored_function as create_monitored_function
-from ._plan import PlanMismatchWarning as PlanMismatchWarning
-from ._plan import ShardingPlan as ShardingPlan
-from ._plan import load_plan as load_plan
-from ._plan import load_rule as load_rule
-from ._result import OptimizeResult as OptimizeResult
-from ._result import TrialRecord as TrialRecord
-from ._rules import AutoShardingRule as AutoShardingRule
-from ._rules import BatchShardingRule as BatchShardingRule
-from ._rules import CompositeShardingRule as CompositeShardingRule
-from ._rules import MemoryConstrainedShardingRule as MemoryConstrainedShardingRule
-from ._rules import PathShardingRule as PathShardingRule
-from ._rules import ShapeBasedShardingRule as ShapeBasedShardingRule
-from ._rules import ShardingRule as ShardingRule
-from ._rules import rule_from_config as rule_from_config
-from ._search import make_context as make_context
-from ._search import make_space as make_space
-from ._search import optimize as optimize
-from ._space import Candidate as Candidate
-from ._space import SearchSpace as SearchSpace
-from ._units import parse_bytes as parse_bytes
 from ._version import __version__ as __version__
+from .base.analyzer import ShardingAnalyzer as ShardingAnalyzer
+from .base.mesh import abstract_mesh as abstract_mesh
+from .base.mesh import create_mesh as create_mesh
+from .base.mesh import get_incontext_mesh as get_incontext_mesh
+from .base.mesh import parse_mesh as parse_mesh
+from .base.mesh import use_cpu_devices as use_cpu_devices
+from .base.monitor import ShardingWarning as ShardingWarning
+from .base.monitor import barrier_sync as barrier_sync
+from .base.monitor import create_monitored_function as create_monitored_function
+from .base.units import parse_bytes as parse_bytes
+from .cost.model import HardwareModel as HardwareModel
+from .plan.reader import PlanMismatchWarning as PlanMismatchWarning
+from .plan.reader import ShardingPlan as ShardingPlan
+from .plan.reader import load_plan as load_plan
+from .plan.reader import load_rule as load_rule
+from .rules.builtin import AutoShardingRule as AutoShardingRule
+from .rules.builtin import BatchShardingRule as BatchShardingRule
+from .rules.builtin import CompositeShardingRule as CompositeShardingRule
+from .rules.builtin import MemoryConstrainedShardingRule as MemoryConstrainedShardingRule
+from .rules.builtin import PathShardingRule as PathShardingRule
+from .rules.builtin import ShapeBasedShardingRule as ShapeBasedShardingRule
+from .rules.builtin import ShardingRule as ShardingRule
+from .rules.builtin import rule_from_config as rule_from_config
+from .search.evaluate import Outcome as Outcome
+from .search.export import export_config as export_config
+from .search.export import partition_rules_source as partition_rules_source
+from .search.export import plan_config as plan_config
+from .search.export import write_config as write_config
+from .search.loop import make_context as make_context
+from .search.loop import make_space as make_space
+from .search.loop import optimize as optimize
+from .search.result import OptimizeResult as OptimizeResult
+from .search.result import TrialRecord as TrialRecord
+from .search.space import Candidate as Candidate
+from .search.space import SearchSpace as SearchSpace
 
 __all__ = [
     "AutoShardingRule",

@@ -1,5 +1,5 @@
 """`python -m shardsearch` runs the command line."""
 
-from ._cli import main_entry
+from .cli.main import main_entry
 
 main_entry()

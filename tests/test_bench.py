@@ -9,8 +9,8 @@ import jax
 import pytest
 
 import shardsearch as ss
-from shardsearch import _cli
-from shardsearch._suite import load_suite
+from shardsearch.bench.suite import load_suite
+from shardsearch.cli import main as _cli
 from shardsearch.workloads import get_workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,7 +133,7 @@ def test_files_written(ran):
 
 
 def test_the_report_names_the_command_of_every_entry():
-    from shardsearch._report import _commands
+    from shardsearch.bench.report import _commands
 
     def record(entry, command):
         return {"entry": {"id": entry}, "machine": {"command": command}}
@@ -147,7 +147,7 @@ def test_the_report_names_the_command_of_every_entry():
 
 
 def test_versus_expert_counts_verdicts_and_names_every_slower_entry():
-    from shardsearch._report import versus_expert
+    from shardsearch.bench.report import versus_expert
 
     def record(entry, speedup, verdict, reference="fsdp", ci=(0.9, 1.1)):
         return {"entry": {"id": entry}, "speedups": {"vs_best_expert": {
@@ -176,7 +176,7 @@ def test_versus_expert_counts_verdicts_and_names_every_slower_entry():
 
 
 def test_expert_plans_that_do_not_apply_are_listed_once_per_reason(ran):
-    from shardsearch._report import skipped_experts
+    from shardsearch.bench.report import skipped_experts
 
     _folder, _argv, out, entries = ran
     # The tiny suite's mlp has no experts to split: ep is skipped, with its reason.
@@ -315,7 +315,7 @@ def test_a_suite_for_other_devices_is_refused(fields, message, tmp_path, capsys)
 
 
 def test_search_cost_of_a_rerun_over_a_finished_study_says_so():
-    from shardsearch._report import _search
+    from shardsearch.bench.report import _search
 
     trials = {"trials": 40, "completed": 30, "cut_check": 1, "cut_compile": 2,
               "cut_measure": 7, "failed": 0, "cache_hits": 10}

@@ -11,7 +11,9 @@ import sys
 import pytest
 
 import shardsearch as ss
-from shardsearch import _cli, _spec, _tree
+from shardsearch.base import spec as _spec
+from shardsearch.base import tree as _tree
+from shardsearch.cli import main as _cli
 from shardsearch.workloads import get_workload
 
 PLAN = "shardsearch-mlp-tiny-dp2-tp4.json"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import shardsearch as ss
-from shardsearch import _cli
+from shardsearch.cli import main as _cli
 
 
 def _run(*argv):

@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
-from shardsearch import _monitor
+from shardsearch.base import monitor as _monitor
 
 U = P.UNCONSTRAINED
 

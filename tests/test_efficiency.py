@@ -11,7 +11,8 @@ import optuna
 import pytest
 
 import shardsearch as ss
-from shardsearch import _evaluate, make_space
+from shardsearch import make_space
+from shardsearch.search import evaluate as _evaluate
 from shardsearch.workloads import get_workload
 
 RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "efficiency" / "run.py"

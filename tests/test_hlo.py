@@ -1,4 +1,4 @@
-"""Tests for shardsearch._hlo: collectives and their bytes from compiled HLO text."""
+"""Tests for shardsearch.cost.hlo: collectives and their bytes from compiled HLO text."""
 
 import re
 
@@ -9,8 +9,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardsearch._cost import loop_aware
-from shardsearch._hlo import (
+from shardsearch.cost.hlo import (
     COLLECTIVE_KINDS,
     Collective,
     CollectiveSummary,
@@ -18,6 +17,7 @@ from shardsearch._hlo import (
     parse_collectives,
     parse_hlo,
 )
+from shardsearch.cost.model import loop_aware
 
 # --- hand-written modules ---------------------------------------------------
 

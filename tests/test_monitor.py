@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
-from shardsearch import _monitor
+from shardsearch.base import monitor as _monitor
 
 METRIC_KEYS = {"execution_time", "compile_time", "memory_usage", "validation_issues"}
 

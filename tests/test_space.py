@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
-from shardsearch._space import Candidate, SearchSpace, lehmer_decode, ordered_subsets
+from shardsearch.search.space import Candidate, SearchSpace, lehmer_decode, ordered_subsets
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

@@ -140,8 +140,9 @@ def build_table(name: str, dims: tuple[int, ...], names: tuple[str, ...], out: P
     import optuna
 
     import shardsearch as ss
-    from shardsearch import _evaluate, make_space
-    from shardsearch._report import machine_info
+    from shardsearch import make_space
+    from shardsearch.bench.report import machine_info
+    from shardsearch.search import evaluate as _evaluate
     from shardsearch.workloads import get_workload
 
     workload = get_workload(name)
@@ -224,7 +225,7 @@ def _refine(results: dict[str, dict[str, Any]], specs_of: dict[str, Any], ctx: A
     machine hit them alike. Kept in `path`, reused while the set and the
     rounds are the same.
     """
-    from shardsearch._confirm import retime
+    from shardsearch.search.confirm import retime
 
     if count <= 0:
         return {}
@@ -320,7 +321,7 @@ def replay(sampler_name: str, seed: int, space: Any, grid: dict[str, list[Any]],
     `targets`."""
     import optuna
 
-    from shardsearch._search import make_sampler
+    from shardsearch.search.loop import make_sampler
 
     samplers = {
         "tpe": lambda: make_sampler(seed),

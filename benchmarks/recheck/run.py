@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 "needs 6 rounds)")
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from shardsearch._suite import load_suite, prepare_devices
+    from shardsearch.bench.suite import load_suite, prepare_devices
 
     try:
         suite = load_suite(a.suite)
@@ -130,8 +130,11 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
     """Re-times an entry's exported winner against `reference`, `times` runs."""
     import jax
 
-    from shardsearch import _confirm, _mesh, _report, load_plan
-    from shardsearch._search import baseline_candidates, make_context
+    from shardsearch import load_plan
+    from shardsearch.base import mesh as _mesh
+    from shardsearch.bench import report as _report
+    from shardsearch.search import confirm as _confirm
+    from shardsearch.search.loop import baseline_candidates, make_context
     from shardsearch.workloads import get_workload
 
     entry = suite.select([record["entry"]["id"]])[0]
@@ -166,7 +169,7 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
 def _shown(s: dict[str, Any]) -> str:
     """A speedup as `results.md` shows it (imported here: `main` puts the
     repository on the path first)."""
-    from shardsearch._report import _times
+    from shardsearch.bench.report import _times
 
     return _times(s)
 

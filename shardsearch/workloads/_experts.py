@@ -38,9 +38,10 @@ from typing import Any
 
 from jax.sharding import PartitionSpec as P
 
-from .. import _mesh, _tree
-from .._analyzer import ShardingAnalyzer
-from .._rules import AutoShardingRule, CompositeShardingRule, PathShardingRule
+from ..base import mesh as _mesh
+from ..base import tree as _tree
+from ..base.analyzer import ShardingAnalyzer
+from ..rules.builtin import AutoShardingRule, CompositeShardingRule, PathShardingRule
 from ._plans import ROLES, ExpertPlans, MeshRoles, Plan, PlanNotApplicable
 from ._workload import Workload
 

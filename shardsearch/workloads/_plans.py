@@ -7,9 +7,9 @@ from typing import Any, NamedTuple
 
 from jax.sharding import PartitionSpec as P
 
-from .. import _spec
-from .._analyzer import ShardingAnalyzer
-from .._rules import BatchShardingRule, ShardingRule
+from ..base import spec as _spec
+from ..base.analyzer import ShardingAnalyzer
+from ..rules.builtin import BatchShardingRule, ShardingRule
 
 ROLES = ("data", "fsdp", "tensor", "expert")
 

@@ -13,7 +13,7 @@ it. :func:`parse_hlo` answers both from one parse:
 
 Both count each instruction as often as it runs per step: an instruction
 inside a ``while`` body (``lax.scan``, ``fori_loop``) runs once per trip, and
-nested loops multiply (see :mod:`shardsearch._hlo_graph`). XLA's own
+nested loops multiply (see :mod:`shardsearch.cost.hlo_graph`). XLA's own
 ``compiled.cost_analysis()`` counts a loop body once, so a model whose layers
 are stacked under ``lax.scan`` reports the flops and bytes of one layer;
 :attr:`HloCost.dot_flops` minus :attr:`HloCost.dot_flops_once` (and likewise
@@ -40,7 +40,7 @@ import dataclasses
 import math
 import re
 
-from ._hlo_graph import Computation, Instruction, Module, closing, parse_module
+from .hlo_graph import Computation, Instruction, Module, closing, parse_module
 
 COLLECTIVE_KINDS: tuple[str, ...] = (
     "all-reduce",
@@ -224,7 +224,7 @@ class HloCost:
     Each figure comes twice: counted as often as each instruction runs, and
     counted with every loop taken to run once, which is what XLA's
     ``cost_analysis()`` does. The difference is the work of the loop trips
-    XLA leaves out; :func:`shardsearch._cost.loop_aware` adds it to XLA's
+    XLA leaves out; :func:`shardsearch.cost.model.loop_aware` adds it to XLA's
     figures.
 
     A matmul's flops are ``2 * prod(result dims) * prod(lhs contracting dim
@@ -447,7 +447,7 @@ def _array_bytes(element_type: str, dims: str, layout: str, line: str) -> int:
         raise ValueError(
             f"unknown HLO element type {element_type!r} in line {line!r}; "
             f"known types: {sorted(_ELEMENT_BITS)} and f8e*; add its size to "
-            "shardsearch._hlo._ELEMENT_BITS"
+            "shardsearch.cost.hlo._ELEMENT_BITS"
         )
     if packed := re.search(r"E\((\d+)\)", layout):
         bits = int(packed[1])

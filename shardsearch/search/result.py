@@ -8,12 +8,12 @@ from typing import Any
 
 import optuna
 
-from . import _spec
-from ._confirm import Timing
-from ._evaluate import STAGES as CUT_STAGES
-from ._evaluate import Outcome
-from ._rules import ShardingRule
-from ._tree import leaf_specs
+from ..base import spec as _spec
+from ..base.tree import leaf_specs
+from ..rules.builtin import ShardingRule
+from .confirm import Timing
+from .evaluate import STAGES as CUT_STAGES
+from .evaluate import Outcome
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +141,6 @@ class OptimizeResult:
 
     def export(self, path: str | Path, format: str = "json") -> Path:
         """Writes the winner as a schema-1 plan file (see `write_config`)."""
-        from ._export import export_config, write_config
+        from .export import export_config, write_config
 
         return write_config(export_config(self), path, format=format)

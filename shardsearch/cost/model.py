@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ._hlo import HloCost
+from .hlo import HloCost
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ instructions, links them into a call graph from ENTRY (fusions'
 async wrappers) and gives every computation its execution count: an
 instruction inside a ``while`` body (``lax.scan``, ``fori_loop``) runs once per
 trip, nested loops multiply, and a computation called from two places adds
-both. :mod:`shardsearch._hlo` then counts what it cares about (collectives,
+both. :mod:`shardsearch.cost.hlo` then counts what it cares about (collectives,
 matmul flops) with those multiplicities.
 
 Example: a ``lax.scan`` of length 5 around a fused matmul gives the fused

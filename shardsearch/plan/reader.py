@@ -22,11 +22,13 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _mesh, _spec, _tree
-from ._monitor import ShardingWarning
-from ._rules import BatchShardingRule, ShardingRule, rule_from_config
-from ._space import Candidate
-from ._version import __version__
+from .._version import __version__
+from ..base import mesh as _mesh
+from ..base import spec as _spec
+from ..base import tree as _tree
+from ..base.monitor import ShardingWarning
+from ..rules.builtin import BatchShardingRule, ShardingRule, rule_from_config
+from ..search.space import Candidate
 
 SCHEMA = 1
 # What a plan needs to load; everything else in the file is optional.

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._units import format_bytes as _bytes
-from ._version import __version__
+from .._version import __version__
+from ..base.units import format_bytes as _bytes
 
 # Each command: (name, help, add its options, run it).
 Command = tuple[str, str, Callable[[argparse.ArgumentParser], None],
@@ -90,10 +90,10 @@ def _run_optimize(a: argparse.Namespace) -> int:
     # Before anything asks JAX for devices: the count is fixed at backend start.
     if a.devices is not None:
         _simulate_devices(a.devices)
-    from ._export import export_config, write_config
-    from ._mesh import parse_mesh
-    from ._search import default_storage, optimize
-    from ._units import parse_bytes
+    from ..base.mesh import parse_mesh
+    from ..base.units import parse_bytes
+    from ..search.export import export_config, write_config
+    from ..search.loop import default_storage, optimize
 
     dims, names = _usage(parse_mesh, a.mesh)
     budget = _usage(parse_bytes, a.budget) if a.budget is not None else None
@@ -137,7 +137,7 @@ def _run_optimize(a: argparse.Namespace) -> int:
 def _simulate_devices(n: int) -> None:
     import jax
 
-    from ._mesh import use_cpu_devices
+    from ..base.mesh import use_cpu_devices
 
     # Simulated devices are CPU devices: keep an accelerator from becoming the default.
     jax.config.update("jax_platforms", "cpu")
@@ -150,7 +150,7 @@ def _simulate_devices(n: int) -> None:
 def _mesh(dims: tuple[int, ...], names: tuple[str, ...]) -> Any:
     import jax
 
-    from ._mesh import create_mesh
+    from ..base.mesh import create_mesh
 
     devices = jax.devices()
     if -1 not in dims and math.prod(dims) < len(devices):
@@ -182,8 +182,8 @@ def _add_export(p: argparse.ArgumentParser) -> None:
 
 
 def _run_export(a: argparse.Namespace) -> int:
-    from ._export import export_config, write_config
-    from ._search import default_storage, open_study
+    from ..search.export import export_config, write_config
+    from ..search.loop import default_storage, open_study
 
     storage = a.storage or default_storage()
     study = _usage(open_study, storage, a.study, create=False)
@@ -222,8 +222,8 @@ def _add_show(p: argparse.ArgumentParser) -> None:
 
 
 def _run_show(a: argparse.Namespace) -> int:
-    from ._mesh import abstract_mesh, parse_mesh
-    from ._plan import PlanMismatchWarning, load_plan
+    from ..base.mesh import abstract_mesh, parse_mesh
+    from ..plan.reader import PlanMismatchWarning, load_plan
 
     mesh = None
     if a.mesh is not None:
@@ -261,7 +261,7 @@ def _run_show(a: argparse.Namespace) -> int:
     for w in caught:
         print(f"note: {w.message}", file=sys.stderr)
     print(_leaf_table(plan.mesh, args, specs))
-    from ._analyzer import ShardingAnalyzer
+    from ..base.analyzer import ShardingAnalyzer
 
     analyzer = ShardingAnalyzer(plan.mesh)
     problems = [f"{_arg_name(i, len(args))}/{problem}"
@@ -320,7 +320,7 @@ def _describe_rule(config: Mapping[str, Any], indent: str) -> list[str]:
             first, *rest = _describe_rule(rule, indent + "     ")
             out += [f"{indent}  {i}. {first.strip()}", *rest]
         return out
-    from ._export import spec_source
+    from ..search.export import spec_source
 
     # Pattern tables read best one pattern per line, in priority order.
     table = {"path": "rules", "shape": "shape_patterns"}.get(config["kind"])
@@ -335,7 +335,7 @@ def _describe_rule(config: Mapping[str, Any], indent: str) -> list[str]:
 
 
 def _leaf_table(mesh: Any, args: Sequence[Any], specs: Sequence[Any]) -> str:
-    from ._analyzer import ShardingAnalyzer
+    from ..base.analyzer import ShardingAnalyzer
 
     analyzer = ShardingAnalyzer(mesh)
     rows = [("path", "shape", "dtype", "spec", "bytes/device")]
@@ -381,8 +381,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace) -> int:
-    from ._bench import run_suite
-    from ._suite import load_suite, prepare_devices
+    from ..bench.runner import run_suite
+    from ..bench.suite import load_suite, prepare_devices
 
     suite = _usage(load_suite, a.suite)
     ids = [i.strip() for i in a.entries.split(",") if i.strip()] if a.entries else None
@@ -495,8 +495,8 @@ def _times(ratio: float | None) -> str:
 
 
 def _spec_text(spec: Any) -> str:
-    from ._export import spec_source
-    from ._spec import spec_to_json
+    from ..base.spec import spec_to_json
+    from ..search.export import spec_source
 
     return spec_source(spec_to_json(spec))
 
@@ -513,7 +513,7 @@ def _usage(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _workload(name: str) -> Any:
-    from .workloads import get_workload
+    from ..workloads import get_workload
 
     # As under `python -m`, a factory module in the current folder is importable.
     if "" not in sys.path and str(Path.cwd()) not in sys.path:

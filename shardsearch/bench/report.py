@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _confirm
-from ._units import format_bytes as _bytes
+from ..base.units import format_bytes as _bytes
+from ..search import confirm as _confirm
 
 MATPLOTLIB_MISSING = ("plots skipped: matplotlib is not installed (pip install "
                       "'shardsearch[bench]' or pip install matplotlib)")
@@ -29,7 +29,7 @@ def machine_info(command: str = "") -> dict[str, Any]:
     """
     import jax
 
-    from ._export import versions
+    from ..search.export import versions
 
     devices = jax.devices()
     try:

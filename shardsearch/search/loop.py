@@ -22,18 +22,22 @@ import jax
 import numpy as np
 import optuna
 
-from . import _confirm, _cost, _evaluate, _mesh, _tree
-from ._evaluate import Context, Outcome
-from ._result import OptimizeResult, TrialRecord
-from ._rules import (
+from ..base import mesh as _mesh
+from ..base import tree as _tree
+from ..base.units import parse_bytes
+from ..cost import model as _cost
+from ..rules.builtin import (
     AutoShardingRule,
     BatchShardingRule,
     CompositeShardingRule,
     ShardingRule,
     rule_from_config,
 )
-from ._space import Candidate, SearchSpace
-from ._units import parse_bytes
+from . import confirm as _confirm
+from . import evaluate as _evaluate
+from .evaluate import Context, Outcome
+from .result import OptimizeResult, TrialRecord
+from .space import Candidate, SearchSpace
 
 OBJECTIVES = ("measured", "static")
 DEFAULT_DIR = Path(".shardsearch")
@@ -97,7 +101,7 @@ def baseline_candidates(workload: Any, mesh: Any) -> dict[str, Candidate]:
         "default": Candidate(AutoShardingRule(mesh), AutoShardingRule(mesh), "default"),
     }
     if workload is not None:
-        from .workloads import expert_plans
+        from ..workloads import expert_plans
 
         for name, plan in expert_plans(workload, mesh).plans.items():
             if name in out:
@@ -219,7 +223,7 @@ def make_context(
     Raises:
       ValueError: as listed for `optimize`.
     """
-    from .workloads import Workload
+    from ..workloads import Workload
 
     workload = step if isinstance(step, Workload) else None
     if workload is not None:

@@ -26,13 +26,15 @@ import jax
 import optuna
 from jax.sharding import PartitionSpec as P
 
-from . import _mesh, _spec, _tree
-from ._confirm import median_ci
-from ._plan import SCHEMA, ShardingPlan, leaf_info, leaves_hash
-from ._result import OptimizeResult, TrialRecord, summarize
-from ._rules import BatchShardingRule, ShardingRule, rule_from_config
-from ._space import Candidate
-from ._version import __version__
+from .._version import __version__
+from ..base import mesh as _mesh
+from ..base import spec as _spec
+from ..base import tree as _tree
+from ..plan.reader import SCHEMA, ShardingPlan, leaf_info, leaves_hash
+from ..rules.builtin import BatchShardingRule, ShardingRule, rule_from_config
+from .confirm import median_ci
+from .result import OptimizeResult, TrialRecord, summarize
+from .space import Candidate
 
 FORMATS = ("json", "partition-rules")
 # Baselines that are reference points rather than plans an expert would write.
@@ -335,7 +337,7 @@ def _name(record: TrialRecord) -> str:
 
 
 def _builtin_workload(name: str, where: str) -> Any:
-    from .workloads import get_workload, list_workloads
+    from ..workloads import get_workload, list_workloads
 
     if name not in list_workloads():
         raise ValueError(

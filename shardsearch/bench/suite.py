@@ -18,8 +18,9 @@ from typing import Any
 
 import jax
 
-from . import _cost, _mesh
-from ._units import parse_bytes
+from ..base import mesh as _mesh
+from ..base.units import parse_bytes
+from ..cost import model as _cost
 
 SUITES_DIR = Path("benchmarks/suites")
 PLATFORMS = ("cpu", "gpu", "tpu")

@@ -15,8 +15,8 @@ from typing import Any
 
 import optuna
 
-from . import _mesh
-from ._rules import (
+from ..base import mesh as _mesh
+from ..rules.builtin import (
     AutoShardingRule,
     BatchShardingRule,
     CompositeShardingRule,

@@ -13,8 +13,10 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _mesh, _spec, _tree
-from ._analyzer import ShardingAnalyzer
+from . import mesh as _mesh
+from . import spec as _spec
+from . import tree as _tree
+from .analyzer import ShardingAnalyzer
 
 
 class ShardingWarning(UserWarning):

@@ -34,14 +34,18 @@ from typing import Any
 import jax
 import optuna
 
-from . import _confirm, _cost, _evaluate, _mesh, _report
-from ._analyzer import ShardingAnalyzer
-from ._export import _finite, export_config, write_config
-from ._result import TrialRecord
-from ._search import baseline_candidates, make_context, open_study, optimize
-from ._suite import QUARTER, Entry, Suite
-from ._units import parse_bytes
-from .workloads import expert_plans, get_workload
+from ..base import mesh as _mesh
+from ..base.analyzer import ShardingAnalyzer
+from ..base.units import parse_bytes
+from ..cost import model as _cost
+from ..search import confirm as _confirm
+from ..search import evaluate as _evaluate
+from ..search.export import _finite, export_config, write_config
+from ..search.loop import baseline_candidates, make_context, open_study, optimize
+from ..search.result import TrialRecord
+from ..workloads import expert_plans, get_workload
+from . import report as _report
+from .suite import QUARTER, Entry, Suite
 
 DEFAULT_OUT = Path("benchmarks/results")
 DEFAULT_RULES = Path("rules")

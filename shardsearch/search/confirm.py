@@ -13,8 +13,8 @@ import jax
 import numpy as np
 from scipy import stats
 
-from . import _evaluate
-from ._evaluate import Context
+from . import evaluate as _evaluate
+from .evaluate import Context
 
 
 @dataclasses.dataclass(frozen=True)

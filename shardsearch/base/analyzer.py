@@ -7,7 +7,9 @@ from typing import Any
 
 from jax.sharding import PartitionSpec as P
 
-from . import _mesh, _spec, _tree
+from . import mesh as _mesh
+from . import spec as _spec
+from . import tree as _tree
 
 
 class ShardingAnalyzer:

@@ -23,9 +23,12 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _cost, _hlo, _spec, _tree
-from ._analyzer import ShardingAnalyzer
-from ._space import Candidate
+from ..base import spec as _spec
+from ..base import tree as _tree
+from ..base.analyzer import ShardingAnalyzer
+from ..cost import hlo as _hlo
+from ..cost import model as _cost
+from .space import Candidate
 
 COMPLETE, CUT, FAILED = "complete", "cut", "failed"
 STAGES = {1: "check", 2: "compile", 3: "measure"}

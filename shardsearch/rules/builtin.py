@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 import jax
 from jax.sharding import PartitionSpec as P
 
-from . import _mesh, _spec, _tree
-from ._units import parse_bytes
+from ..base import mesh as _mesh
+from ..base import spec as _spec
+from ..base import tree as _tree
+from ..base.units import parse_bytes
 
 AxisEntry = str | tuple[str, ...]
 
