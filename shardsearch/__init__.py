@@ -19,6 +19,9 @@ from .plan.reader import PlanMismatchWarning as PlanMismatchWarning
 from .plan.reader import ShardingPlan as ShardingPlan
 from .plan.reader import load_plan as load_plan
 from .plan.reader import load_rule as load_rule
+from .plan.writer import partition_rules_source as partition_rules_source
+from .plan.writer import plan_config as plan_config
+from .plan.writer import write_config as write_config
 from .rules.builtin import AutoShardingRule as AutoShardingRule
 from .rules.builtin import BatchShardingRule as BatchShardingRule
 from .rules.builtin import CompositeShardingRule as CompositeShardingRule
@@ -29,14 +32,11 @@ from .rules.builtin import ShardingRule as ShardingRule
 from .rules.builtin import rule_from_config as rule_from_config
 from .search.evaluate import Outcome as Outcome
 from .search.export import export_config as export_config
-from .search.export import partition_rules_source as partition_rules_source
-from .search.export import plan_config as plan_config
-from .search.export import write_config as write_config
 from .search.loop import make_context as make_context
 from .search.loop import make_space as make_space
 from .search.loop import optimize as optimize
+from .search.record import TrialRecord as TrialRecord
 from .search.result import OptimizeResult as OptimizeResult
-from .search.result import TrialRecord as TrialRecord
 from .search.space import Candidate as Candidate
 from .search.space import SearchSpace as SearchSpace
 

@@ -29,7 +29,7 @@ def machine_info(command: str = "") -> dict[str, Any]:
     """
     import jax
 
-    from ..search.export import versions
+    from ..plan.writer import versions
 
     devices = jax.devices()
     try:

@@ -38,11 +38,12 @@ from ..base import mesh as _mesh
 from ..base.analyzer import ShardingAnalyzer
 from ..base.units import parse_bytes
 from ..cost import model as _cost
+from ..plan.writer import _finite, write_config
 from ..search import confirm as _confirm
 from ..search import evaluate as _evaluate
-from ..search.export import _finite, export_config, write_config
+from ..search.export import export_config
 from ..search.loop import baseline_candidates, make_context, open_study, optimize
-from ..search.result import TrialRecord
+from ..search.record import TrialRecord
 from ..workloads import expert_plans, get_workload
 from . import report as _report
 from .suite import QUARTER, Entry, Suite

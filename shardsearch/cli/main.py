@@ -92,7 +92,8 @@ def _run_optimize(a: argparse.Namespace) -> int:
         _simulate_devices(a.devices)
     from ..base.mesh import parse_mesh
     from ..base.units import parse_bytes
-    from ..search.export import export_config, write_config
+    from ..plan.writer import write_config
+    from ..search.export import export_config
     from ..search.loop import default_storage, optimize
 
     dims, names = _usage(parse_mesh, a.mesh)
@@ -182,7 +183,8 @@ def _add_export(p: argparse.ArgumentParser) -> None:
 
 
 def _run_export(a: argparse.Namespace) -> int:
-    from ..search.export import export_config, write_config
+    from ..plan.writer import write_config
+    from ..search.export import export_config
     from ..search.loop import default_storage, open_study
 
     storage = a.storage or default_storage()
@@ -320,7 +322,7 @@ def _describe_rule(config: Mapping[str, Any], indent: str) -> list[str]:
             first, *rest = _describe_rule(rule, indent + "     ")
             out += [f"{indent}  {i}. {first.strip()}", *rest]
         return out
-    from ..search.export import spec_source
+    from ..plan.writer import spec_source
 
     # Pattern tables read best one pattern per line, in priority order.
     table = {"path": "rules", "shape": "shape_patterns"}.get(config["kind"])
@@ -496,7 +498,7 @@ def _times(ratio: float | None) -> str:
 
 def _spec_text(spec: Any) -> str:
     from ..base.spec import spec_to_json
-    from ..search.export import spec_source
+    from ..plan.writer import spec_source
 
     return spec_source(spec_to_json(spec))
 

@@ -27,8 +27,7 @@ from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
 from ..base.monitor import ShardingWarning
-from ..rules.builtin import BatchShardingRule, ShardingRule, rule_from_config
-from ..search.space import Candidate
+from ..rules.builtin import BatchShardingRule, ShardingRule, argument_specs, rule_from_config
 
 SCHEMA = 1
 # What a plan needs to load; everything else in the file is optional.
@@ -153,7 +152,7 @@ class ShardingPlan:
             warnings.warn(PlanMismatchWarning(
                 f"{self.source}: {reason}; applying the plan's rules afresh, so these specs "
                 "were not the ones measured"), stacklevel=2)
-        return Candidate(self.rule, self.batch_rule).specs(args)
+        return argument_specs(self.rule, self.batch_rule, args)
 
     def shardings(self, args: Sequence[Any], mesh: Mesh | None = None) -> tuple[Any, ...]:
         """`NamedSharding` trees for `(state, *batch)`, for `jax.jit(in_shardings=...)`.

@@ -516,6 +516,15 @@ class BatchShardingRule(ShardingRule):
         return {"kind": self.kind, "axes": list(self.axes)}
 
 
+def argument_specs(
+    state_rule: ShardingRule, batch_rule: ShardingRule, args: Sequence[Any],
+) -> tuple[Any, ...]:
+    """Spec trees for `(state, *batch)`: the state rule on the first argument,
+    the batch rule on each of the others (how every plan is applied)."""
+    state, *rest = args
+    return (state_rule.apply(state), *(batch_rule.apply(b) for b in rest))
+
+
 _KINDS: dict[str, type[ShardingRule]] = {
     cls.kind: cls
     for cls in (AutoShardingRule, CompositeShardingRule, MemoryConstrainedShardingRule,

@@ -36,7 +36,8 @@ from ..rules.builtin import (
 from . import confirm as _confirm
 from . import evaluate as _evaluate
 from .evaluate import Context, Outcome
-from .result import OptimizeResult, TrialRecord
+from .record import TrialRecord
+from .result import OptimizeResult
 from .space import Candidate, SearchSpace
 
 OBJECTIVES = ("measured", "static")

@@ -22,6 +22,7 @@ from ..rules.builtin import (
     CompositeShardingRule,
     MemoryConstrainedShardingRule,
     ShardingRule,
+    argument_specs,
 )
 
 
@@ -49,8 +50,7 @@ class Candidate:
 
     def specs(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """Spec trees for `(state, *batch)`."""
-        state, *rest = args
-        return (self.state_rule.apply(state), *(self.batch_rule.apply(b) for b in rest))
+        return argument_specs(self.state_rule, self.batch_rule, args)
 
 
 def lehmer_decode(code: Sequence[int], items: Sequence[Any]) -> list[Any]:

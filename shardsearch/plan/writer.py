@@ -1,0 +1,239 @@
+"""Writing a plan: rules, mesh and resolved specs as schema-1 JSON or Python source.
+
+`plan_config` turns rules chosen by hand (or by a search, see
+`search.export`) into the plan's data; `write_config` checks that it loads
+back and writes it whole, as JSON with sorted keys (equal plans are equal
+bytes) or as `PARTITION_RULES` Python source. `plan.reader` reads it back.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import optuna
+from jax.sharding import PartitionSpec as P
+
+from .._version import __version__
+from ..base import mesh as _mesh
+from ..base import spec as _spec
+from ..base import tree as _tree
+from ..rules.builtin import BatchShardingRule, ShardingRule, argument_specs, rule_from_config
+from .reader import SCHEMA, ShardingPlan, leaf_info, leaves_hash
+
+FORMATS = ("json", "partition-rules")
+
+
+def plan_config(
+    rule: ShardingRule,
+    batch_rule: ShardingRule,
+    mesh: _mesh.AnyMesh,
+    *,
+    args: Sequence[Any] | None = None,
+    workload: Any = None,
+) -> dict[str, Any]:
+    """The schema-1 plan of rules chosen by hand: no search, no results.
+
+    Args:
+      rule: the state rule.
+      batch_rule: the rule for every other argument.
+      mesh: the mesh (or AbstractMesh) whose axis names and sizes the plan
+        records; the rules are applied with it.
+      args: `(state, *batch)` to resolve and record the specs on.
+      workload: a `Workload` instead of `args` (its `abstract()` is used and its
+        name recorded).
+
+    Returns:
+      A dict that `write_config` writes and `ShardingPlan.from_config` reads.
+
+    Example:
+      >>> rule = CompositeShardingRule(AutoShardingRule(mesh, axis_names=("tp",)))
+      >>> write_config(plan_config(rule, BatchShardingRule(("dp",)), mesh), "plan.json")
+    """
+    for name, value in (("rule", rule), ("batch_rule", batch_rule)):
+        if not isinstance(value, ShardingRule):
+            raise TypeError(f"plan_config: {name} must be a ShardingRule, got "
+                            f"{type(value).__name__}")
+    mesh = _mesh.resolve_mesh(mesh)
+    sizes = _mesh.axis_sizes(mesh)
+    # The rules may be bound to another mesh (or none); the plan's mesh decides.
+    rule = rule_from_config(rule.to_config(), mesh, "plan_config rule")
+    batch_rule = rule_from_config(batch_rule.to_config(), mesh, "plan_config batch_rule")
+    if workload is not None and args is None:
+        args = workload.abstract()
+    resolved = None
+    if args is not None:
+        args = tuple(args)
+        specs = argument_specs(rule, batch_rule, args)
+        arguments = [_leaf_json(tree, tree_specs)
+                     for tree, tree_specs in zip(args, specs, strict=True)]
+        resolved = {"name": workload.name if workload is not None else None,
+                    "arguments": arguments, "hash": leaves_hash(arguments)}
+    return {
+        "schema": SCHEMA,
+        "mesh": {"axis_names": list(sizes), "axis_sizes": list(sizes.values())},
+        "state_rule": rule.to_config(),
+        "batch_rule": batch_rule.to_config(),
+        "batch_spec": _batch_spec_json(batch_rule),
+        "workload": resolved,
+    }
+
+
+def versions() -> dict[str, str]:
+    """The versions a plan was found with: shardsearch, jax, jaxlib, optuna, Python."""
+    try:
+        jaxlib = importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        jaxlib = "unknown"
+    return {"shardsearch": __version__, "jax": jax.__version__, "jaxlib": jaxlib,
+            "optuna": optuna.__version__, "python": platform.python_version()}
+
+
+def write_config(config: Mapping[str, Any], path: str | os.PathLike[str],
+                 format: str = "json") -> Path:
+    """Writes a plan to `path` and returns the path.
+
+    The plan is checked first (it must load back), then written whole or not
+    at all (a temporary file renamed into place), so a reader never sees half
+    a file.
+
+    Args:
+      config: what `export_config` returned.
+      path: the file to write; parent folders are created.
+      format: "json" (the plan file; keys sorted, so equal plans are equal
+        bytes) or "partition-rules" (Python source with `PARTITION_RULES`, see
+        `partition_rules_source`).
+
+    Raises:
+      ValueError: unknown format, or a config that would not load back.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"write_config: format={format!r}; choose one of {FORMATS}")
+    path = Path(path)
+    config = _finite(dict(config))
+    ShardingPlan.from_config(config, where=f"plan for {path}")
+    text = _dumps(config) + "\n" if format == "json" else partition_rules_source(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _dumps(data: Any, indent: str = "", width: int = 96) -> str:
+    """JSON with sorted keys, each value on one line when it fits `width`.
+
+    A leaf record or a shape stays on one line, so a plan reads (and diffs)
+    one leaf per line.
+    """
+    flat = json.dumps(data, sort_keys=True, allow_nan=False, separators=(", ", ": "))
+    if len(indent) + len(flat) <= width or not isinstance(data, dict | list) or not data:
+        return flat
+    inner = indent + "  "
+    if isinstance(data, dict):
+        items = [f"{inner}{json.dumps(k)}: {_dumps(data[k], inner, width)}" for k in sorted(data)]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    items = [f"{inner}{_dumps(v, inner, width)}" for v in data]
+    return "[\n" + ",\n".join(items) + f"\n{indent}]"
+
+
+def partition_rules_source(config: Mapping[str, Any]) -> str:
+    """The winner as Python source: ordered `(regex, PartitionSpec)` pairs.
+
+    One anchored pattern per leaf of the train state, in leaf order, in the
+    form EasyDeL- and Flax-style training code takes:
+
+        from jax.sharding import PartitionSpec as P
+
+        PARTITION_RULES = [
+            (r"^params/layers/0/attn/wq$", P(None, "tp")),
+            ...
+        ]
+
+    plus `BATCH_PARTITION_RULES` for a single batch argument.
+    `PathShardingRule(PARTITION_RULES)` reproduces the winner's state specs.
+
+    Raises:
+      ValueError: the plan has no resolved specs (`"workload": null`).
+    """
+    resolved = config.get("workload")
+    if not resolved:
+        raise ValueError(
+            "partition rules need the winner's resolved specs, which this plan lacks "
+            "(its study ran on a raw step); export it with a workload (--workload)")
+    search = config.get("search") or {}
+    axes = ",".join(f"{a}={s}" for a, s in zip(config["mesh"]["axis_names"],
+                                                config["mesh"]["axis_sizes"], strict=True))
+    lines = [
+        f"# Written by shardsearch {__version__} from study {search.get('study')!r}: "
+        f"workload {resolved.get('name')!r}, mesh {axes}.",
+        "# One (regex, PartitionSpec) pair per leaf of the train state; the first pattern",
+        "# that matches a leaf's '/'-joined key path wins. Generated: edit the search, not",
+        "# this file.",
+        "from jax.sharding import PartitionSpec as P",
+        "",
+        *_pairs_source("PARTITION_RULES", resolved["arguments"][0]),
+    ]
+    batch = resolved["arguments"][1:]
+    if len(batch) == 1:
+        lines += ["", "# The batch argument's leaves, the same way.",
+                  *_pairs_source("BATCH_PARTITION_RULES", batch[0])]
+    return "\n".join(lines) + "\n"
+
+
+def _pairs_source(name: str, leaves: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = [f"{name} = ["]
+    for leaf in leaves:
+        pattern = "^" + re.escape(leaf["path"]) + "$"
+        literal = (f'r"{pattern}"' if pattern.isprintable() and '"' not in pattern
+                   else repr(pattern))
+        out.append(f"    ({literal}, {spec_source(leaf['spec'])}),")
+    out.append("]")
+    return out
+
+
+def spec_source(spec_json: Sequence[Any]) -> str:
+    """A spec's JSON form as Python source: `[null, "tp"]` → `P(None, "tp")`."""
+    entries = []
+    for entry in spec_json:
+        if entry is None:
+            entries.append("None")
+        elif entry == "<unconstrained>":
+            entries.append("P.UNCONSTRAINED")
+        elif isinstance(entry, str):
+            entries.append(json.dumps(entry))
+        else:
+            names = ", ".join(json.dumps(a) for a in entry)
+            entries.append(f"({names},)" if len(entry) == 1 else f"({names})")
+    return f"P({', '.join(entries)})"
+
+
+def _leaf_json(tree: Any, specs: Any) -> list[dict[str, Any]]:
+    _pairs, spec_leaves = _tree.specs_for_leaves(tree, specs)
+    return [{**info, "spec": _spec.spec_to_json(_spec.canonical(spec))}
+            for info, spec in zip(leaf_info(tree), spec_leaves, strict=True)]
+
+
+def _batch_spec_json(rule: ShardingRule) -> list[Any] | None:
+    if isinstance(rule, BatchShardingRule):
+        return _spec.spec_to_json(P(rule.entry) if rule.entry else P())
+    return None
+
+
+def _finite(data: Any) -> Any:
+    """NaN and infinities as null, so the file is strict JSON."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(v) for v in data]
+    return data

@@ -1,0 +1,65 @@
+"""One trial as the study records it: what was proposed and what happened."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import optuna
+
+from .evaluate import STAGES as CUT_STAGES
+from .evaluate import Outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """One trial of the study: what was proposed and what happened to it.
+
+    Attributes:
+      number: Optuna's trial number.
+      label: "search", or the baseline's name.
+      params: the Optuna parameters (empty for baselines).
+      outcome: the evaluation (`Outcome`), `cache_hit` set when reused.
+      state_rule, batch_rule: the candidate's rules in their JSON form.
+      seconds: wall time the trial took, proposal to record (the search's
+        cost of this candidate; near zero for cache hits).
+    """
+
+    number: int
+    label: str
+    params: dict[str, Any]
+    outcome: Outcome
+    state_rule: dict[str, Any]
+    batch_rule: dict[str, Any]
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"number": self.number, "label": self.label, "params": self.params,
+                "outcome": self.outcome.to_json(), "state_rule": self.state_rule,
+                "batch_rule": self.batch_rule, "seconds": self.seconds}
+
+    @classmethod
+    def from_trial(cls, trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
+        """Rebuilds a record from a stored trial, or None for foreign trials."""
+        attrs = trial.user_attrs
+        if "outcome" not in attrs:
+            return None
+        return cls(trial.number, attrs.get("label", "search"), dict(trial.params),
+                   Outcome.from_json(attrs["outcome"]), attrs["state_rule"],
+                   attrs["batch_rule"], attrs.get("seconds", 0.0))
+
+
+def summarize(records: list[TrialRecord]) -> dict[str, int]:
+    """Counts trials by outcome: completed, cut at each stage, failed, cache hits."""
+    out = {"trials": len(records), "completed": 0, "cut_check": 0, "cut_compile": 0,
+           "cut_measure": 0, "failed": 0, "cache_hits": 0}
+    for record in records:
+        o = record.outcome
+        out["cache_hits"] += bool(o.cache_hit)
+        if o.status == "complete":
+            out["completed"] += 1
+        elif o.status == "failed":
+            out["failed"] += 1
+        else:
+            out[f"cut_{CUT_STAGES[o.cut_stage]}"] += 1
+    return out

@@ -1,0 +1,123 @@
+"""The package's layout: one-way imports between the stages, a light public front.
+
+These tests read the source (every `import`, including those inside
+functions) rather than running it, so a cycle hidden behind a lazy import is
+found too. `docs/architecture.md` explains the order they enforce.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+import shardsearch
+
+PACKAGE = Path(shardsearch.__file__).parent
+ROOT = PACKAGE.parent
+
+# Subpackages from the bottom of the pipeline up; a module may import from its
+# own stage and from stages listed before it, never after. Plan files are read
+# and written below the search, so a training script that loads a plan needs
+# none of the search's machinery; the search's export turns a study into one.
+STAGES = ("base", "rules", "workloads", "cost", "plan", "search", "bench", "cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> list[str]:
+    """Every package module `name` imports, at any depth of its code."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.split(".")[0] == "shardsearch"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "shardsearch":
+                continue
+            # `from pkg import mod` imports the module; `from mod import name` the module.
+            subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
+            out += subs or [target]
+    return [m for m in out if m in known]
+
+
+def _graph() -> nx.DiGraph:
+    modules = _modules()
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, path in modules.items():
+        for target in _imports(name, path, set(modules)):
+            if target != name:
+                graph.add_edge(name, target)
+    return graph
+
+
+def test_no_import_cycle_among_the_package_modules():
+    graph = _graph()
+    # The public front imports everything by design; nothing imports it back.
+    assert not list(graph.predecessors("shardsearch")), (
+        f"modules import the package front: {sorted(graph.predecessors('shardsearch'))}; "
+        "import the defining module instead")
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, f"import cycles: {cycles[:5]}"
+
+
+def test_the_walk_sees_function_level_imports():
+    # The checker itself: a lazy import inside a function is an edge too.
+    graph = _graph()
+    assert graph.has_edge("shardsearch.cli.main", "shardsearch.bench.runner")
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in STAGES else None
+
+
+def test_stages_import_only_downward():
+    wrong = []
+    for source, target in _graph().edges:
+        a, b = _stage(source), _stage(target)
+        if a is None or b is None or a == b:
+            continue
+        if STAGES.index(b) > STAGES.index(a):
+            wrong.append(f"{source} -> {target}")
+    assert not wrong, "imports against the pipeline's direction:\n  " + "\n  ".join(wrong)
+
+
+def test_import_shardsearch_loads_no_benchmark_or_cli_code():
+    code = (
+        "import json, sys, shardsearch\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('shardsearch'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    loaded = json.loads(out.stdout)
+    assert "shardsearch.search.loop" in loaded  # the walk is not vacuous
+    assert not [m for m in loaded if m.startswith(("shardsearch.bench", "shardsearch.cli"))]
+
+
+@pytest.mark.parametrize("name", shardsearch.__all__)
+def test_every_public_name_is_defined_outside_the_front(name):
+    value = getattr(shardsearch, name)
+    if name == "__version__":
+        return
+    assert value.__module__.startswith("shardsearch.") and value.__module__ != "shardsearch"
