@@ -1,7 +1,7 @@
 """The sharding rules: golden tables, a brute-force reference, any pytree, errors.
 
 Expected specs in the tables are worked out by hand from the documented
-semantics (SPEC.md and the rules' docstrings), not by running the code.
+semantics (docs/semantics.md and the rules' docstrings), not by running the code.
 Specs come out canonical: `P('dp', None)` is written `P('dp')`.
 """
 
@@ -760,6 +760,74 @@ def test_rule_from_config_error_names_where():
 def test_rule_mesh_must_be_a_mesh():
     with pytest.raises(TypeError, match=r"mesh must be a jax\.sharding\.Mesh or AbstractMesh"):
         ss.AutoShardingRule(mesh=(2, 4)).apply(sds((8, 8)))
+
+
+# --------------------------------------------------------------------------
+# Kinds and descriptions
+# --------------------------------------------------------------------------
+
+def test_built_in_kinds_register_in_order():
+    from shardsearch.rules import registered_kinds, rule_class
+
+    classes = (ss.AutoShardingRule, ss.CompositeShardingRule, ss.MemoryConstrainedShardingRule,
+               ss.ShapeBasedShardingRule, ss.PathShardingRule, ss.BatchShardingRule)
+    assert registered_kinds()[:6] == tuple(cls.kind for cls in classes)
+    assert all(rule_class(cls.kind) is cls for cls in classes)
+
+
+@pytest.mark.parametrize("kind", RULE_KINDS)
+def test_from_config_is_the_inverse_of_to_config(mesh24, kind):
+    rule = _all_rules(mesh24)[kind]
+    config = json.loads(json.dumps(rule.to_config()))
+    assert type(rule).from_config(config, mesh24, "rule") == rule
+
+
+# (rule, the lines `describe()` gives): the format `shardsearch show` prints.
+DESCRIBE_CASES = [
+    (ss.AutoShardingRule(), ["auto  axis_names=null min_shard_size=null reverse=false"]),
+    (ss.AutoShardingRule(axis_names=(("dp", "tp"),), min_shard_size=4, reverse=True),
+     ['auto  axis_names=[["dp", "tp"]] min_shard_size=4 reverse=true']),
+    # Fields in name order, as a plan file (sorted keys) holds them.
+    (ss.MemoryConstrainedShardingRule("1MiB", axis_names=("tp", "dp")),
+     ['memory  axis_names=["tp", "dp"] max_memory_per_device=1048576']),
+    (ss.BatchShardingRule(("dp", "tp")), ['batch  axes=["dp", "tp"]']),
+    (ss.BatchShardingRule(()), ["batch  axes=[]"]),
+    (ss.ShapeBasedShardingRule({(None, 0, 8): P(U, ("dp", "tp")), (4,): P("dp")}),
+     ["shape",
+      '   [null, 0, 8]  P(P.UNCONSTRAINED, ("dp", "tp"))',
+      '   [4]           P("dp")']),
+    (ss.ShapeBasedShardingRule({}), ["shape"]),
+    (ss.PathShardingRule([(r"a|b", P(None, ("tp", "dp"))), ("embed", P(("tp",)))],
+                         fallback="error"),
+     ['path  fallback="error"',
+      '   "a|b"    P(None, ("tp", "dp"))',
+      '   "embed"  P("tp")']),
+    (ss.PathShardingRule([]), ['path  fallback="replicate"']),
+    (ss.CompositeShardingRule(), ["composite of no rules: everything replicated"]),
+    (ss.CompositeShardingRule(
+        ss.PathShardingRule([("emb", P("dp"))]),
+        ss.CompositeShardingRule(ss.ShapeBasedShardingRule({(None, 8): P(None, "tp")}),
+                                 ss.AutoShardingRule()),
+        ss.CompositeShardingRule(),
+        ss.MemoryConstrainedShardingRule(100)),
+     ["composite: per leaf, the first of these rules that shards it",
+      '  1. path  fallback="replicate"',
+      '        "emb"  P("dp")',
+      "  2. composite: per leaf, the first of these rules that shards it",
+      "       1. shape",
+      '             [null, 8]  P(None, "tp")',
+      "       2. auto  axis_names=null min_shard_size=null reverse=false",
+      "  3. composite of no rules: everything replicated",
+      "  4. memory  axis_names=null max_memory_per_device=100"]),
+]
+
+
+@pytest.mark.parametrize("rule, lines", DESCRIBE_CASES,
+                         ids=[f"{r.kind}-{i}" for i, (r, _) in enumerate(DESCRIBE_CASES)])
+def test_describe(rule, lines):
+    assert rule.describe() == lines
+    # A rule reads the same loaded from its config, whatever mesh it is bound to.
+    assert ss.rule_from_config(json.loads(json.dumps(rule.to_config()))).describe() == lines
 
 
 # --------------------------------------------------------------------------
