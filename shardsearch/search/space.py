@@ -1,8 +1,17 @@
 """What may be tried: an Optuna trial → a Candidate (state rule, batch rule).
 
-The space is data. `SearchSpace.suggest(trial)` asks the trial for every
-parameter and builds the rules; nothing else in the search knows what the
-parameters are, so a new rule family means a new parameter block here only.
+The space is data. Each `ParamBlock` declares its parameters once, as
+`Param`s, and builds its piece of the candidate from the values chosen for
+them; `SearchSpace.suggest(trial)` and `SearchSpace.enumerate()` only walk
+those declarations, so a new rule family means a new block here and nothing
+else: nothing in the search knows what the parameters are. The parameter
+model (`Param`, `ParamBlock`, `Draft`) lives in `params.py`; the built-in
+blocks and the space that lists them live here.
+
+Example: the auto-rule block declares `auto_order_0 ∈ 0..1`, `auto_join_0 ∈
+{False, True}`, ... on a `(dp=2, tp=4)` mesh; `suggest` asks a trial for each
+and the block turns `{"auto_order_0": 1, "auto_join_0": False, ...}` into
+`AutoShardingRule(axis_names=("tp", "dp"), ...)`.
 """
 
 from __future__ import annotations
@@ -10,47 +19,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import optuna
 
 from ..base import mesh as _mesh
-from ..rules.builtin import (
-    AutoShardingRule,
-    BatchShardingRule,
-    CompositeShardingRule,
-    MemoryConstrainedShardingRule,
-    ShardingRule,
-    argument_specs,
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One sharding to try: a rule for the state and one for the other arguments.
-
-    Attributes:
-      state_rule: applied to the first argument (the train state).
-      batch_rule: applied to every other argument (the batch).
-      label: "search" for proposals, or the baseline's name ("replicated",
-        "default", "fsdp", ...).
-    """
-
-    state_rule: ShardingRule
-    batch_rule: ShardingRule
-    label: str = "search"
-
-    def __post_init__(self) -> None:
-        for name in ("state_rule", "batch_rule"):
-            if not isinstance(getattr(self, name), ShardingRule):
-                raise TypeError(
-                    f"Candidate.{name} must be a ShardingRule, got "
-                    f"{type(getattr(self, name)).__name__}")
-
-    def specs(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        """Spec trees for `(state, *batch)`."""
-        return argument_specs(self.state_rule, self.batch_rule, args)
+from ..rules.auto import AutoShardingRule
+from ..rules.base import ShardingRule
+from ..rules.batch import BatchShardingRule
+from ..rules.composite import CompositeShardingRule
+from ..rules.memory import MemoryConstrainedShardingRule
+from .candidate import Candidate
+from .params import Draft, Param, ParamBlock
 
 
 def lehmer_decode(code: Sequence[int], items: Sequence[Any]) -> list[Any]:
@@ -77,20 +58,141 @@ def _key(axes: Sequence[str]) -> str:
     return ",".join(axes) if axes else "-"
 
 
+def _lehmer_params(prefix: str, n: int) -> tuple[Param, ...]:
+    """Digits `<prefix>_0 ∈ 0..n-1`, `<prefix>_1 ∈ 0..n-2`, ... of a permutation of n."""
+    return tuple(Param.integer(f"{prefix}_{i}", 0, n - 1 - i) for i in range(n - 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoRuleBlock(ParamBlock):
+    """The AutoShardingRule: axis order, axis groups, threshold, direction.
+
+    `auto_order_<i>` is the Lehmer code of the mesh-axis order; `auto_join_<i>`
+    puts axis i+1 (in that order) in axis i's group, so that e.g. `('dp', 'tp')`
+    together split one dim (FSDP over all devices); `auto_min_shard_size` takes
+    log-spaced choices; `auto_reverse` flips which dims go first.
+    """
+
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
+        n = len(space.axes)
+        return (*_lehmer_params("auto_order", n),
+                *(Param.categorical(f"auto_join_{i}", [False, True]) for i in range(n - 1)),
+                Param.categorical("auto_min_shard_size", space.min_shard_sizes),
+                Param.categorical("auto_reverse", [False, True]))
+
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
+        axes = space.axes
+        order = lehmer_decode([values[f"auto_order_{i}"] for i in range(len(axes) - 1)], axes)
+        groups: list[list[str]] = []
+        for i, axis in enumerate(order):
+            if i and values[f"auto_join_{i - 1}"]:
+                groups[-1].append(axis)
+            else:
+                groups.append([axis])
+        return draft.with_rule("auto", AutoShardingRule(
+            space.mesh,
+            axis_names=tuple(tuple(g) if len(g) > 1 else g[0] for g in groups),
+            min_shard_size=values["auto_min_shard_size"],
+            reverse=values["auto_reverse"],
+        ))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRuleBlock(ParamBlock):
+    """The MemoryConstrainedShardingRule, on or off, and its per-device limit.
+
+    `memory_rule` switches it on; `memory_fraction` (asked only then) sets the
+    limit as a fraction of `space.reference_bytes`.
+    """
+
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
+        return (Param.categorical("memory_rule", [False, True]),
+                Param.categorical("memory_fraction", space.memory_fractions,
+                                  when={"memory_rule": True}))
+
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
+        if not values["memory_rule"]:
+            return draft
+        limit = max(1, int(values["memory_fraction"] * space.reference_bytes))
+        return draft.with_rule("memory", MemoryConstrainedShardingRule(limit, space.mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraRulesBlock(ParamBlock):
+    """The user's rules, each switched on or off by `extra_<name>`."""
+
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
+        return tuple(Param.categorical(f"extra_{name}", [False, True])
+                     for name in space.extra_rules)
+
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
+        for name, rule in space.extra_rules.items():
+            if values[f"extra_{name}"]:
+                draft = draft.with_rule(name, rule)
+        return draft
+
+
+@dataclasses.dataclass(frozen=True)
+class CompositionBlock(ParamBlock):
+    """The state rule: the rules switched on so far, in a searched priority.
+
+    `priority_<i>` is the Lehmer code of an order of `space.rule_names()`;
+    rules switched off drop out of it. Comes after every block that switches
+    rules on.
+    """
+
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
+        return _lehmer_params("priority", len(space.rule_names()))
+
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
+        names = space.rule_names()
+        enabled = dict(draft.rules)
+        unknown = [n for n in enabled if n not in names]
+        if unknown:
+            raise ValueError(f"CompositionBlock: rules {unknown} are not in "
+                             f"SearchSpace.rule_names()={names}; list them there so a "
+                             "priority code can order them")
+        code = [values[f"priority_{i}"] for i in range(len(names) - 1)]
+        ordered = [enabled[n] for n in lehmer_decode(code, names) if n in enabled]
+        return dataclasses.replace(draft, state_rule=CompositeShardingRule(*ordered))
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchBlock(ParamBlock):
+    """The batch rule: `batch_axes`, the ordered subset of axes splitting the batch dim.
+
+    Choices are keys like `"dp,tp"`, with `"-"` for no axis (replicated batch).
+    """
+
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
+        return (Param.categorical("batch_axes", [_key(s) for s in ordered_subsets(space.axes)]),)
+
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
+        batch = values["batch_axes"]
+        axes = () if batch == "-" else tuple(batch.split(","))
+        return dataclasses.replace(draft, batch_rule=BatchShardingRule(axes))
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
     """The parameters the search explores, over one mesh.
 
-    Parameters asked of each trial:
-      `auto_order_<i>`: Lehmer code of the mesh-axis order for AutoShardingRule;
-      `auto_join_<i>`: whether axis i+1 (in that order) joins axis i's group, so
-        that e.g. `('dp', 'tp')` together split one dim (FSDP over all devices);
-      `auto_reverse`, `auto_min_shard_size` (log-spaced choices);
-      `memory_rule` (on/off) and `memory_fraction` of the reference bytes;
-      `extra_<name>` (on/off) for each user rule;
-      `priority_<i>`: Lehmer code of the composition order of all rules
-        (disabled ones drop out);
-      `batch_axes`: the ordered subset of axes splitting the batch dim.
+    The parameters are those the blocks of `blocks()` declare, in block order:
+    `auto_order_<i>`, `auto_join_<i>`, `auto_min_shard_size`, `auto_reverse`
+    (AutoRuleBlock); `memory_rule`, `memory_fraction` (MemoryRuleBlock);
+    `extra_<name>` (ExtraRulesBlock); `priority_<i>` (CompositionBlock);
+    `batch_axes` (BatchBlock). Stored studies and TPE's seeded samples depend
+    on these names, their ranges and this order: keep them when editing.
+
+    To add a block, return it from `blocks()` (a subclass may override it);
+    `suggest` and `enumerate` need no edit. A block that switches a state
+    rule on goes before the CompositionBlock and its rule's name goes in
+    `rule_names()`. Issue 13's logical axes fit this way: a
+    `space="rules"|"logical"|"both"` field here, a `LogicalAxesBlock` (its
+    `logical_*` parameters building one logical-axis rule named "logical")
+    that `blocks()` puts before the CompositionBlock for "logical" and
+    "both", and "logical" in `rule_names()` for those. With "rules", the
+    blocks and names stay as they are, so existing studies resume unchanged.
 
     Args:
       mesh: the mesh (concrete or abstract) the rules are built for.
@@ -99,6 +201,12 @@ class SearchSpace:
       max_leaf_size: the state's largest leaf, in elements; bounds the
         `min_shard_size` choices.
       extra_rules: user rules by name, each switched on or off by the search.
+      memory_fractions: the `memory_fraction` choices.
+
+    Example:
+      `SearchSpace(mesh, 1 << 30, 1 << 20).suggest(optuna.trial.FixedTrial(
+      {"auto_order_0": 1, ..., "batch_axes": "dp"}))` → a Candidate whose batch
+      rule splits the batch over `dp`.
     """
 
     mesh: _mesh.AnyMesh
@@ -149,69 +257,70 @@ class SearchSpace:
         """Every rule the composition may hold, in the order priorities refer to."""
         return ("memory", "auto", *self.extra_rules)
 
+    def blocks(self) -> tuple[ParamBlock, ...]:
+        """The parameter blocks, in the order their parameters are asked."""
+        return (AutoRuleBlock(), MemoryRuleBlock(), ExtraRulesBlock(), CompositionBlock(),
+                BatchBlock())
+
+    def params(self) -> tuple[Param, ...]:
+        """Every block's parameters, in the order a trial is asked for them.
+
+        Raises:
+          ValueError: two parameters share a name, or a condition refers to a
+            parameter not declared before it or to a value it cannot take.
+        """
+        out: list[Param] = []
+        seen: dict[str, Param] = {}
+        for block in self.blocks():
+            for param in block.params(self):
+                where = f"{type(block).__name__}: parameter {param.name!r}"
+                if param.name in seen:
+                    raise ValueError(f"{where} is declared twice; rename one")
+                for name, value in param.when:
+                    if name not in seen or value not in seen[name].values():
+                        raise ValueError(
+                            f"{where} is asked when {name}={value!r}, but no parameter "
+                            f"{name!r} declared before it takes that value; declare it "
+                            "earlier or fix the condition")
+                seen[param.name] = param
+                out.append(param)
+        return tuple(out)
+
     def suggest(self, trial: optuna.trial.BaseTrial) -> Candidate:
-        """Asks `trial` for every parameter and builds the candidate."""
-        axes = self.axes
-        code = [trial.suggest_int(f"auto_order_{i}", 0, len(axes) - 1 - i)
-                for i in range(len(axes) - 1)]
-        order = lehmer_decode(code, axes)
-        groups: list[list[str]] = []
-        for i, axis in enumerate(order):
-            if i and trial.suggest_categorical(f"auto_join_{i - 1}", [False, True]):
-                groups[-1].append(axis)
-            else:
-                groups.append([axis])
-        auto = AutoShardingRule(
-            self.mesh,
-            axis_names=tuple(tuple(g) if len(g) > 1 else g[0] for g in groups),
-            min_shard_size=trial.suggest_categorical(
-                "auto_min_shard_size", list(self.min_shard_sizes)),
-            reverse=trial.suggest_categorical("auto_reverse", [False, True]),
-        )
-        enabled: dict[str, ShardingRule] = {}
-        if trial.suggest_categorical("memory_rule", [False, True]):
-            fraction = trial.suggest_categorical("memory_fraction", list(self.memory_fractions))
-            enabled["memory"] = MemoryConstrainedShardingRule(
-                max(1, int(fraction * self.reference_bytes)), self.mesh)
-        enabled["auto"] = auto
-        for name, rule in self.extra_rules.items():
-            if trial.suggest_categorical(f"extra_{name}", [False, True]):
-                enabled[name] = rule
-        names = self.rule_names()
-        priority = [trial.suggest_int(f"priority_{i}", 0, len(names) - 1 - i)
-                    for i in range(len(names) - 1)]
-        ordered = [enabled[n] for n in lehmer_decode(priority, names) if n in enabled]
-        batch = trial.suggest_categorical(
-            "batch_axes", [_key(s) for s in ordered_subsets(axes)])
-        batch_axes = () if batch == "-" else tuple(batch.split(","))
-        return Candidate(CompositeShardingRule(*ordered), BatchShardingRule(batch_axes))
+        """Asks `trial` for every parameter, in order, and builds the candidate."""
+        values: dict[str, Any] = {}
+        for param in self.params():
+            if param.applies(values):
+                values[param.name] = param.suggest(trial)
+        return self.build(values)
+
+    def build(self, values: Mapping[str, Any]) -> Candidate:
+        """The candidate for chosen parameter values (conditional ones may be absent)."""
+        draft = Draft()
+        for block in self.blocks():
+            draft = block.build(self, values, draft)
+        return draft.candidate()
 
     def enumerate(self) -> list[dict[str, Any]]:
         """Every parameter combination of the space (for the efficiency study).
 
         Returns a list of parameter dicts that `optuna.trial.FixedTrial` can
-        replay through `suggest`; conditional parameters appear only where used.
+        replay through `suggest`: the product of every parameter's values in
+        declaration order (the last varying fastest), a conditional parameter
+        appearing only where its condition holds.
         """
-        axes = self.axes
-        n_rules = len(self.rule_names())
-        orders = itertools.product(*(range(len(axes) - i) for i in range(len(axes) - 1)))
-        joins = list(itertools.product([False, True], repeat=max(len(axes) - 1, 0)))
-        prios = list(itertools.product(*(range(n_rules - i) for i in range(n_rules - 1))))
-        batches = [_key(s) for s in ordered_subsets(axes)]
-        extras = list(itertools.product([False, True], repeat=len(self.extra_rules)))
-        memory = [(False, None)] + [(True, f) for f in self.memory_fractions]
-        out = []
-        for order, join, mss, rev, (mem, frac), extra, prio, batch in itertools.product(
-            list(orders), joins, self.min_shard_sizes, [False, True], memory, extras, prios,
-            batches,
-        ):
-            params: dict[str, Any] = {f"auto_order_{i}": c for i, c in enumerate(order)}
-            params.update({f"auto_join_{i}": j for i, j in enumerate(join)})
-            params.update(auto_min_shard_size=mss, auto_reverse=rev, memory_rule=mem)
-            if mem:
-                params["memory_fraction"] = frac
-            params.update({f"extra_{n}": e for n, e in zip(self.extra_rules, extra, strict=True)})
-            params.update({f"priority_{i}": p for i, p in enumerate(prio)})
-            params["batch_axes"] = batch
-            out.append(params)
-        return out
+        return list(_combinations(self.params(), {}))
+
+
+def _combinations(params: Sequence[Param], chosen: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if not params:
+        yield dict(chosen)
+        return
+    param, rest = params[0], params[1:]
+    if not param.applies(chosen):
+        yield from _combinations(rest, chosen)
+        return
+    for value in param.values():
+        chosen[param.name] = value
+        yield from _combinations(rest, chosen)
+        del chosen[param.name]

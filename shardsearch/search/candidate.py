@@ -1,0 +1,40 @@
+"""What one trial tries: a rule for the state and one for the batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from ..rules.base import ShardingRule, argument_specs
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One sharding to try: a rule for the state and one for the other arguments.
+
+    Attributes:
+      state_rule: applied to the first argument (the train state).
+      batch_rule: applied to every other argument (the batch).
+      label: "search" for proposals, or the baseline's name ("replicated",
+        "default", "fsdp", ...).
+
+    Example:
+      `Candidate(AutoShardingRule(mesh), BatchShardingRule(("dp",)), "default")`
+      splits the state's leaves over the mesh and the batch dim over `dp`.
+    """
+
+    state_rule: ShardingRule
+    batch_rule: ShardingRule
+    label: str = "search"
+
+    def __post_init__(self) -> None:
+        for name in ("state_rule", "batch_rule"):
+            if not isinstance(getattr(self, name), ShardingRule):
+                raise TypeError(
+                    f"Candidate.{name} must be a ShardingRule, got "
+                    f"{type(getattr(self, name)).__name__}")
+
+    def specs(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """Spec trees for `(state, *batch)`."""
+        return argument_specs(self.state_rule, self.batch_rule, args)
