@@ -17,7 +17,7 @@ from shardsearch.cost.hlo import (
     parse_collectives,
     parse_hlo,
 )
-from shardsearch.cost.model import loop_aware
+from shardsearch.cost.program import loop_aware
 
 # --- hand-written modules ---------------------------------------------------
 

@@ -224,7 +224,7 @@ class HloCost:
     Each figure comes twice: counted as often as each instruction runs, and
     counted with every loop taken to run once, which is what XLA's
     ``cost_analysis()`` does. The difference is the work of the loop trips
-    XLA leaves out; :func:`shardsearch.cost.model.loop_aware` adds it to XLA's
+    XLA leaves out; :func:`shardsearch.cost.program.loop_aware` adds it to XLA's
     figures.
 
     A matmul's flops are ``2 * prod(result dims) * prod(lhs contracting dim

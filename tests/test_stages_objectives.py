@@ -1,0 +1,239 @@
+"""The evaluation's stages, its objectives, and the hardware model's view of a program."""
+
+import dataclasses
+import json
+
+import optuna
+import pytest
+
+import shardsearch as ss
+from shardsearch.cost.hardware import HARDWARE, HardwareModel
+from shardsearch.cost.hlo import Collective, CollectiveSummary, HloCost
+from shardsearch.cost.program import ProgramCost, XlaMemory
+from shardsearch.search import evaluate as _evaluate
+from shardsearch.search import objectives as _objectives
+from shardsearch.search.context import baseline_candidates, make_context
+from shardsearch.search.objectives import Objective, get_objective, register_objective
+from shardsearch.search.stages import COMPLETE, CUT, FAILED, Stage, Status, stage_label
+from shardsearch.workloads import get_workload
+
+
+def _storage(tmp_path):
+    return f"sqlite:///{tmp_path / 'studies.db'}"
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def test_stage_ints_labels_and_summary_keys_are_the_stored_ones():
+    # Studies store the ints, plan files the labels, summaries the keys.
+    assert [(int(s), s.label, s.summary_key) for s in Stage] == [
+        (1, "check", "cut_check"), (2, "compile", "cut_compile"), (3, "measure", "cut_measure")]
+    for stage in Stage:
+        assert Stage(int(stage)) is stage
+        assert Stage.parse(stage.label) is stage
+        assert stage_label(int(stage)) == stage.label
+    assert stage_label(None) is None
+    with pytest.raises(ValueError, match=r"no evaluation stage labelled 'estimat'; the stages "
+                                         r"are \('check', 'compile', 'measure'\)"):
+        Stage.parse("estimat")
+    assert [s.value for s in Status] == ["complete", "cut", "failed"]
+
+
+def test_outcomes_keep_the_stored_form_and_check_status_against_stage():
+    outcome = ss.Outcome("ab12", "cut", 2, "over the budget")
+    assert outcome.cut_stage is Stage.COMPILE and outcome.cut_stage == 2
+    assert outcome.status is CUT and outcome.status == "cut"
+    data = outcome.to_json()
+    assert (type(data["status"]), type(data["cut_stage"])) == (str, int)
+    assert json.loads(json.dumps(data))["cut_stage"] == 2
+    assert ss.Outcome.from_json(json.loads(json.dumps(data))) == outcome
+    with pytest.raises(ValueError, match="the statuses are"):
+        ss.Outcome("ab12", "pruned")
+    with pytest.raises(ValueError, match=r"cut_stage=7; the statuses .* stages \(1, 2, 3\)"):
+        ss.Outcome("ab12", CUT, 7)
+    with pytest.raises(ValueError, match="a cut outcome names the stage"):
+        ss.Outcome("ab12", CUT)
+    with pytest.raises(ValueError, match="a cut outcome names the stage"):
+        ss.Outcome("ab12", FAILED, 1)
+
+
+@pytest.fixture(scope="module")
+def tight_static(tmp_path_factory):
+    """A static search whose budget cuts the replicated plan at check."""
+    mesh = ss.create_mesh((2, 4), ("dp", "tp"))
+    workload = get_workload("mlp:tiny")
+    args = workload.abstract()
+    replicated = baseline_candidates(None, mesh)["replicated"].specs(args)
+    budget = ss.ShardingAnalyzer(mesh).estimate_memory_usage(
+        tuple(args), replicated)["size_per_device"] // 2
+    storage = f"sqlite:///{tmp_path_factory.mktemp('tight')}/s.db"
+    return ss.optimize(workload, mesh=mesh, n_trials=8, objective="static",
+                       memory_budget=budget, storage=storage, quiet=True)
+
+
+def test_studies_summaries_and_plan_files_record_the_stage_forms(tight_static):
+    result = tight_static
+    stored = result.study.trials[0].user_attrs["outcome"]
+    assert result.trials[0].label == "replicated"
+    assert stored["status"] == "cut" and stored["cut_stage"] == 1
+    assert result.trials[0].outcome.cut_stage is Stage.CHECK
+    summary = result.summary()
+    assert list(summary) == ["trials", "completed", "cut_check", "cut_compile", "cut_measure",
+                             "failed", "cache_hits"]
+    assert summary["cut_check"] >= 1
+    rows = {row["label"]: row for row in ss.export_config(result)["results"]["baselines"]}
+    assert rows["replicated"]["cut_stage"] == "check"
+    assert {row["cut_stage"] for row in rows.values()} <= {None, *(s.label for s in Stage)}
+    assert {row["timed_in"] for row in rows.values() if row["status"] == "complete"} == {
+        "estimate"}
+    # The static objective times nothing, so its trials are never pruned while timing.
+    assert isinstance(result.study.pruner, optuna.pruners.NopPruner)
+
+
+# --------------------------------------------------------------------------- objectives
+
+
+class TempBytes(Objective):
+    """Scores a compiled program by XLA's temporary bytes: an objective from outside."""
+
+    name = "temp-bytes"
+
+    def score(self, candidate, ctx, report):
+        return candidate.outcome(COMPLETE, value=float(candidate.program.memory.temp))
+
+
+def test_the_built_in_objectives_say_what_the_search_does_with_them():
+    measured, static = get_objective("measured"), get_objective("static")
+    assert tuple(_objectives.OBJECTIVES) == ("measured", "static")
+    assert (measured.needs_host_args, measured.prunes_while_timing, measured.confirms,
+            measured.timed_in) == (True, True, True, "search")
+    assert (static.needs_host_args, static.prunes_while_timing, static.confirms,
+            static.timed_in) == (False, False, False, "estimate")
+    assert get_objective(static) is static
+
+
+def test_bad_objectives_are_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"objective='fast'; choose one of \('measured', "
+                                         r"'static'\)"):
+        get_objective("fast")
+
+    class Nameless(Objective):
+        pass
+
+    with pytest.raises(TypeError, match="objective Nameless has no name"):
+        Nameless()
+
+    class Impostor(TempBytes):
+        name = "static"
+
+    with pytest.raises(ValueError, match="has the name of the registered Static"):
+        get_objective(Impostor())
+    with pytest.raises(ValueError, match="'static' is taken by Static; give Impostor another"):
+        register_objective(Impostor())
+
+
+def test_an_objective_from_outside_the_package_is_what_evaluate_calls(mesh24, tmp_path):
+    workload = get_workload("gpt:tiny")
+    result = ss.optimize(workload.step, workload.abstract(), mesh=mesh24, n_trials=4,
+                         objective=TempBytes(), storage=_storage(tmp_path), quiet=True)
+    complete = [t.outcome for t in result.trials if t.outcome.status == "complete"]
+    assert complete and all(o.value == o.memory["temp"] for o in complete)
+    assert result.objective == "temp-bytes" and result.verdict == "unconfirmed"
+    assert result.study.user_attrs["objective"] == "temp-bytes"
+    assert "/temp-bytes/" in result.study.study_name
+    # A process that does not know the objective still exports the study.
+    config = ss.export_config(result.study, args=workload.abstract())
+    assert config["results"]["winner"]["timed_in"] == "estimate"
+
+
+def test_a_registered_objective_is_found_by_name(mesh24, monkeypatch):
+    monkeypatch.setattr(_objectives, "OBJECTIVES", dict(_objectives.OBJECTIVES))
+    register_objective(TempBytes())
+    ctx, _ = make_context(get_workload("mlp:tiny"), None, mesh24, objective="temp-bytes")
+    assert ctx.objective == TempBytes() and ctx.host_args is None
+    specs, fp = _evaluate.resolve(baseline_candidates(None, mesh24)["replicated"], ctx)
+    outcome = _evaluate.evaluate(specs, fp, ctx)
+    assert outcome.status == "complete" and outcome.value == outcome.memory["temp"]
+
+
+def test_run_false_stops_only_objectives_that_run_the_step(mesh24, monkeypatch):
+    measured = []
+    monkeypatch.setattr(_evaluate, "measure", lambda *a: measured.append(a))
+    workload = get_workload("mlp:tiny")
+    for name, has_value in (("measured", False), ("static", True)):
+        ctx, _ = make_context(workload, None, mesh24, objective=name)
+        specs, fp = _evaluate.resolve(baseline_candidates(None, mesh24)["default"], ctx)
+        outcome = _evaluate.evaluate(specs, fp, ctx, run=False)
+        assert outcome.status == "complete" and (outcome.value is not None) == has_value
+        assert "total" in outcome.memory and outcome.flops > 0
+    assert measured == []
+
+
+# --------------------------------------------------------------------------- hardware model
+
+
+def test_estimate_is_the_roofline_of_flops_bytes_and_link_bytes():
+    collectives = CollectiveSummary((
+        Collective("all-reduce", 4096, 4, 3, "body"),
+        Collective("all-gather", 8192, 2, 1, "main"),
+    ))
+    hlo = HloCost(dot_flops=3e9, dot_flops_once=1e9, bytes_accessed=5e8,
+                  bytes_accessed_once=2e8)
+    program = ProgramCost(1.5e9, 4e8, collectives, hlo, XlaMemory(100, 50, 30, 20))
+    assert (program.flops, program.bytes_accessed) == (3.5e9, 7e8)
+    assert program.link_bytes == 2 * 3 / 4 * 4096 * 3 + 1 / 2 * 8192
+    assert program.collectives.collectives[0].group_size == 4  # each collective is kept
+    assert program.memory.total == 160
+    for model in HARDWARE.values():
+        old = (max(3.5e9 / model.flops_per_second, 7e8 / model.memory_bandwidth)
+               + program.link_bytes / model.link_bandwidth)
+        assert model.estimate(program) == old
+
+
+def test_a_compiled_programs_estimate_uses_its_loop_aware_figures(mesh24):
+    ctx, _ = make_context(get_workload("gpt:tiny"), None, mesh24, objective="static")
+    specs, fp = _evaluate.resolve(baseline_candidates(None, mesh24)["default"], ctx)
+    outcome = _evaluate.evaluate(specs, fp, ctx)
+    compiled, _seconds = _evaluate.compile_step(specs, ctx)
+    program = ProgramCost.from_compiled(compiled)
+    assert program.readable and program.memory.to_json() == {
+        k: v for k, v in outcome.memory.items() if k != "arguments"}
+    assert (outcome.flops, outcome.collective_bytes) == (program.flops, program.link_bytes)
+    cpu = HARDWARE["cpu"]
+    assert outcome.value == (max(program.flops / cpu.flops_per_second,
+                                 program.bytes_accessed / cpu.memory_bandwidth)
+                             + program.link_bytes / cpu.link_bandwidth)
+
+
+def test_unreadable_hlo_fails_the_static_objective_only():
+    program = ProgramCost.from_hlo("not HLO", 10.0, 20.0)
+    assert not program.readable and "ENTRY" in program.hlo_error
+    assert (program.flops, program.bytes_accessed, program.link_bytes) == (10.0, 20.0, None)
+    with pytest.raises(ValueError, match="cannot estimate a program whose HLO could not be"):
+        HARDWARE["cpu"].estimate(program)
+    candidate = _evaluate.CompiledCandidate("ab12", (), None, program, 0.5, {"arguments": 8})
+    ctx = dataclasses.make_dataclass("Ctx", ["mesh", "hardware"])(None, None)
+    outcome = get_objective("static").score(candidate, ctx, None)
+    assert outcome.status == "failed" and outcome.flops == 10.0
+    assert outcome.reason.startswith("cannot read the compiled HLO: ")
+    with pytest.raises(ValueError, match="give collectives and hlo when the HLO was read"):
+        ProgramCost(1.0, 1.0, CollectiveSummary(), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveCount(HardwareModel):
+    """A model from outside that charges one second per collective."""
+
+    def estimate(self, program):
+        return float(len(program.collectives.collectives))
+
+
+def test_a_hardware_model_subclass_is_what_the_static_objective_asks(mesh24):
+    model = CollectiveCount("count", 1.0, 1.0, 1.0)
+    ctx, _ = make_context(get_workload("mlp:tiny"), None, mesh24, objective="static",
+                          hardware=model)
+    specs, fp = _evaluate.resolve(baseline_candidates(None, mesh24)["default"], ctx)
+    outcome = _evaluate.evaluate(specs, fp, ctx)
+    compiled, _seconds = _evaluate.compile_step(specs, ctx)
+    assert outcome.value == len(ProgramCost.from_compiled(compiled).collectives.collectives)
