@@ -216,6 +216,118 @@ def test_wrapped_function_is_reachable(mesh24):
 
 
 # --------------------------------------------------------------------------
+# What the search needs from the wrapper: output specs, donation, compiling
+# ahead, repeats fed back as in training
+# --------------------------------------------------------------------------
+
+def _train_step(state, batch):
+    loss = jnp.sum((batch["x"] @ state["w"]) ** 2)
+    return {"w": state["w"] * 0.5, "n": state["n"] + 1}, {"loss": loss}
+
+
+def _train_args():
+    state = {"w": np.ones((8, 16), np.float32), "n": np.zeros((), np.int32)}
+    return state, {"x": np.ones((16, 8), np.float32)}
+
+
+TRAIN_SPECS = ({"w": P(None, "tp"), "n": P()}, {"x": P("dp")})
+
+
+def test_out_specs_and_donation_chain_steps(mesh24):
+    monitored = ss.create_monitored_function(
+        _train_step, TRAIN_SPECS, ss.ShardingAnalyzer(mesh24),
+        out_specs=(TRAIN_SPECS[0], P()), donate_argnums=(0,))
+    state, batch = _train_args()
+    (new_state, metrics), first = monitored(state, batch)
+    assert new_state["w"].sharding.spec == P(None, "tp")
+    assert metrics["loss"].sharding.spec == P()
+    (again, _), second = monitored(new_state, batch)
+    # The state was donated: its buffers now belong to the next state.
+    assert new_state["w"].is_deleted()
+    assert int(again["n"]) == 2 and second["compile_time"] == 0.0 < first["compile_time"]
+
+
+def test_compile_ahead_on_abstract_arguments_is_reused_by_the_call(mesh24):
+    monitored = ss.create_monitored_function(
+        _train_step, TRAIN_SPECS, ss.ShardingAnalyzer(mesh24),
+        out_specs=(TRAIN_SPECS[0], P()), donate_argnums=(0,))
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _train_args())
+    executable, seconds = monitored.compile(*abstract)
+    assert seconds > 0 and executable.memory_analysis().argument_size_in_bytes > 0
+    assert monitored.compile(*abstract) == (executable, 0.0)
+    _result, metrics = monitored(*_train_args())
+    assert metrics["compile_time"] == 0.0
+
+
+def test_repeat_warms_up_feeds_back_and_stops_when_told(mesh24):
+    monitored = ss.create_monitored_function(
+        _train_step, TRAIN_SPECS, ss.ShardingAnalyzer(mesh24),
+        out_specs=(TRAIN_SPECS[0], P()), donate_argnums=(0,))
+    seen = []
+
+    def on_repeat(i, metrics):
+        seen.append((i, set(metrics)))
+        return i == 2
+
+    result, timed = monitored.repeat(
+        *_train_args(), repeats=10, warmup=3,
+        feed=lambda out, args: (out[0], *args[1:]), on_repeat=on_repeat)
+    assert [i for i, _ in seen] == [0, 1, 2] and len(timed) == 3
+    assert all(keys == METRIC_KEYS for _, keys in seen)
+    # 3 warm-ups and 3 timed steps, each fed the state the previous one returned.
+    assert int(result[0]["n"]) == 6
+    with pytest.raises(ValueError, match="need repeats >= 0"):
+        monitored.repeat(*_train_args(), repeats=-1)
+
+
+def test_compile_timeout_raises_and_leaves_the_caller_free():
+    import time as real_time
+
+    with pytest.raises(TimeoutError, match=r"compile_timeout=0\.05"):
+        _monitor.compile_within(lambda: real_time.sleep(2), 0.05)
+    with pytest.raises(ZeroDivisionError):
+        _monitor.compile_within(lambda: 1 / 0, 5.0)
+    assert _monitor.compile_within(lambda: "done", None)[0] == "done"
+
+
+def test_the_search_and_a_users_monitored_run_time_the_same_step(mesh24):
+    """The search's stage 3 and a user's own monitored loop time one plan alike.
+
+    Timings are noisy (two cores shared by eight simulated devices), so the
+    bound is loose and the numbers are printed: it catches a measurement of
+    something else (compilation, dispatch without waiting, a different
+    program), not small drifts.
+    """
+    import statistics
+
+    from shardsearch.search import evaluate as _evaluate
+    from shardsearch.search.context import baseline_candidates
+    from shardsearch.workloads import get_workload
+
+    workload = get_workload("mlp:tiny")
+    ctx, _ = ss.make_context(workload, None, mesh24, warmup=2, repeats=9)
+    specs, fp = _evaluate.resolve(baseline_candidates(workload, mesh24)["fsdp"], ctx)
+    outcome = _evaluate.evaluate(specs, fp, ctx)
+    assert outcome.status == "complete" and len(outcome.step_times) == 9
+
+    monitored = ss.create_monitored_function(
+        workload.step, specs, ss.ShardingAnalyzer(mesh24), out_specs=(specs[0], P()),
+        donate_argnums=(0,))
+    args = workload.init(0)
+    user = []
+    for i in range(2 + 9):
+        (state, _metrics), metrics = monitored(*args)
+        args = (state, *args[1:])
+        if i >= 2:
+            user.append(metrics["execution_time"])
+    search_median, user_median = statistics.median(outcome.step_times), statistics.median(user)
+    ratio = user_median / search_median
+    print(f"search median {search_median * 1e3:.3f} ms, user's monitored run "
+          f"{user_median * 1e3:.3f} ms, ratio {ratio:.2f}")
+    assert 0.2 < ratio < 5
+
+
+# --------------------------------------------------------------------------
 # barrier_sync
 # --------------------------------------------------------------------------
 

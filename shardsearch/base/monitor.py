@@ -30,10 +30,52 @@ def _signature(args: tuple[Any, ...], specs: Any) -> tuple[Any, ...]:
     return treedef, shapes, tuple(_spec.canonical(s) for s in spec_leaves)
 
 
+def _named(mesh: Any, specs: Any) -> Any:
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                        is_leaf=lambda s: isinstance(s, PartitionSpec))
+
+
+def compile_within(lowered: Callable[[], Any], timeout: float | None) -> tuple[Any, float]:
+    """Runs `lowered()` (lower + compile) and returns `(executable, seconds)`.
+
+    XLA offers no way to cancel a compile, so past `timeout` seconds the
+    compile is left running in a daemon thread and TimeoutError is raised.
+
+    Raises:
+      TimeoutError: the compile ran past `timeout`.
+    """
+    if timeout is None:
+        start = time.perf_counter()
+        compiled = lowered()
+        return compiled, time.perf_counter() - start
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["compiled"] = lowered()
+        except BaseException as err:  # re-raised in the caller's thread
+            box["error"] = err
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=work, daemon=True, name="shardsearch-compile")
+    thread.start()
+    thread.join(timeout)
+    seconds = time.perf_counter() - start
+    if thread.is_alive():
+        raise TimeoutError(f"compile ran past compile_timeout={timeout} s")
+    if "error" in box:
+        raise box["error"]
+    return box["compiled"], seconds
+
+
 def create_monitored_function(
     fn: Callable[..., Any],
     partition_specs: Any,
     analyzer: ShardingAnalyzer,
+    *,
+    out_specs: Any = None,
+    donate_argnums: tuple[int, ...] = (),
+    compile_timeout: float | None = None,
 ) -> Callable[..., tuple[Any, dict[str, Any]]]:
     """Wraps `fn` so each call returns `(result, metrics)`.
 
@@ -45,6 +87,29 @@ def create_monitored_function(
     signature as a `ShardingWarning`; then the arguments are passed as they
     are and XLA chooses the layout.
 
+    The search times candidates through this same wrapper, so a step timed
+    here and by `optimize` is measured the same way. What a training loop
+    needs is available as options and two methods:
+
+    - `out_specs` (a spec tree for the result) and `donate_argnums` are given
+      to `jax.jit`, so a train step can hand back its state with the input
+      sharding and reuse the donated buffers;
+    - `monitored.compile(*args)` compiles for the signature of `args`
+      (arrays or ShapeDtypeStructs: nothing needs allocating) without running,
+      and returns `(executable, seconds)`; later calls with that signature use
+      it. Past `compile_timeout` seconds it raises TimeoutError;
+    - `monitored.repeat(*args, repeats=..., warmup=..., feed=..., on_repeat=...)`
+      makes `warmup` untimed then up to `repeats` timed calls, each through
+      the wrapper. `feed(result, args)` gives the next call's arguments (for
+      a train step, the new state with the same batch); `on_repeat(i,
+      metrics)` returning True stops early. Returns the last result and the
+      timed calls' metrics.
+
+    Example:
+      >>> step = create_monitored_function(train_step, (state_specs, batch_specs),
+      ...     analyzer, out_specs=(state_specs, P()), donate_argnums=(0,))
+      >>> (state, loss), metrics = step(state, batch)
+
     Returns:
       A function whose result is `(fn(*args), metrics)` with
       `execution_time` (seconds, never including compilation),
@@ -52,6 +117,15 @@ def create_monitored_function(
       `memory_usage` (the analyzer's estimate), `validation_issues` (list).
     """
     cache: dict[tuple[Any, ...], dict[str, Any]] = {}
+    donate = tuple(donate_argnums)
+    if out_specs is not None or donate:
+        # jit inside jit is inlined, so an already-jitted `fn` gets the options too.
+        def make_jitted(mesh: Any) -> Any:
+            return jax.jit(fn, donate_argnums=donate,
+                           out_shardings=None if out_specs is None else _named(mesh, out_specs))
+    else:
+        def make_jitted(mesh: Any) -> Any:
+            return fn if hasattr(fn, "lower") else jax.jit(fn)
 
     def specs_for(args: tuple[Any, ...]) -> Any:
         try:
@@ -66,36 +140,50 @@ def create_monitored_function(
     def prepare(args: tuple[Any, ...], specs: Any) -> dict[str, Any]:
         issues = analyzer.validate_partition_specs(args, specs)
         memory = analyzer.estimate_memory_usage(args, specs) if not issues else {}
+        mesh = _mesh.resolve_mesh(analyzer.mesh)
         shardings = None
         if not issues:
-            mesh = _mesh.resolve_mesh(analyzer.mesh)
             if not isinstance(mesh, jax.sharding.Mesh):
                 raise TypeError(
                     "create_monitored_function: the analyzer's mesh is abstract; running "
                     "a step needs a concrete Mesh (shardsearch.create_mesh)")
-            shardings = jax.tree.map(
-                lambda s: NamedSharding(mesh, s), specs,
-                is_leaf=lambda s: isinstance(s, PartitionSpec))
+            shardings = _named(mesh, specs)
         else:
             warnings.warn(
                 f"{len(issues)} sharding problem(s); running with the arguments as they "
-                "are:\n  " + "\n  ".join(issues), ShardingWarning, stacklevel=3)
-        return {"issues": issues, "memory": memory, "shardings": shardings, "compiled": None}
+                "are:\n  " + "\n  ".join(issues), ShardingWarning, stacklevel=4)
+        return {"issues": issues, "memory": memory, "shardings": shardings, "compiled": None,
+                "mesh": mesh}
 
-    def monitored(*args: Any) -> tuple[Any, dict[str, Any]]:
+    def entry_for(args: tuple[Any, ...]) -> dict[str, Any]:
         specs = specs_for(args)
         key = _signature(args, specs)
         entry = cache.get(key)
         if entry is None:
             entry = cache[key] = prepare(args, specs)
+        return entry
+
+    def compile_entry(entry: dict[str, Any], args: tuple[Any, ...]) -> float:
+        if entry["compiled"] is not None:
+            return 0.0
+        if entry["shardings"] is not None:
+            # Abstract leaves carry their sharding, so lowering needs no devices' data.
+            leaves, treedef = jax.tree_util.tree_flatten(args)
+            placed = treedef.flatten_up_to(entry["shardings"])
+            args = treedef.unflatten([
+                jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                if isinstance(x, jax.ShapeDtypeStruct) and s is not None else x
+                for x, s in zip(leaves, placed, strict=True)])
+        jitted = make_jitted(entry["mesh"])
+        entry["compiled"], seconds = compile_within(
+            lambda: jitted.lower(*args).compile(), compile_timeout)
+        return seconds
+
+    def monitored(*args: Any) -> tuple[Any, dict[str, Any]]:
+        entry = entry_for(args)
         if entry["shardings"] is not None:
             args = jax.device_put(args, entry["shardings"])
-        compile_time = 0.0
-        if entry["compiled"] is None:
-            jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-            start = time.perf_counter()
-            entry["compiled"] = jitted.lower(*args).compile()
-            compile_time = time.perf_counter() - start
+        compile_time = compile_entry(entry, args)
         jax.block_until_ready(args)
         start = time.perf_counter()
         result = jax.block_until_ready(entry["compiled"](*args))
@@ -107,7 +195,36 @@ def create_monitored_function(
             "validation_issues": list(entry["issues"]),
         }
 
+    def compile(*args: Any) -> tuple[Any, float]:
+        entry = entry_for(args)
+        seconds = compile_entry(entry, args)
+        return entry["compiled"], seconds
+
+    def repeat(
+        *args: Any,
+        repeats: int,
+        warmup: int = 0,
+        feed: Callable[[Any, tuple[Any, ...]], tuple[Any, ...]] | None = None,
+        on_repeat: Callable[[int, dict[str, Any]], bool] | None = None,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        if repeats < 0 or warmup < 0:
+            raise ValueError(f"repeat: need repeats >= 0 and warmup >= 0, got {repeats=}, "
+                             f"{warmup=}")
+        result, timed = None, []
+        for i in range(warmup + repeats):
+            result, metrics = monitored(*args)
+            if feed is not None:
+                args = tuple(feed(result, args))
+            if i < warmup:
+                continue
+            timed.append(metrics)
+            if on_repeat is not None and on_repeat(i - warmup, metrics):
+                break
+        return result, timed
+
     monitored.__wrapped__ = fn  # type: ignore[attr-defined]
+    monitored.compile = compile  # type: ignore[attr-defined]
+    monitored.repeat = repeat  # type: ignore[attr-defined]
     return monitored
 
 
