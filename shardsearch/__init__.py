@@ -1,6 +1,10 @@
 """shardsearch: find a JAX sharding by compiling and timing the real step.
 
-The public API lives here; the underscore modules behind it are private.
+The public API lives here; the subpackages behind it (`base`, `rules`, `cost`,
+`plan`, `search`, `cli`, `bench`) are its implementation, laid out along the
+pipeline (see docs/architecture.md). `shardsearch.workloads` (built-in models
+and expert plans) and `shardsearch.bench` (benchmark suites, for scripts) have
+public APIs of their own; importing this package does not import `bench`.
 """
 
 from ._version import __version__ as __version__
@@ -14,7 +18,8 @@ from .base.monitor import ShardingWarning as ShardingWarning
 from .base.monitor import barrier_sync as barrier_sync
 from .base.monitor import create_monitored_function as create_monitored_function
 from .base.units import parse_bytes as parse_bytes
-from .cost.model import HardwareModel as HardwareModel
+from .cost.hardware import HardwareModel as HardwareModel
+from .cost.program import ProgramCost as ProgramCost
 from .plan.reader import PlanMismatchWarning as PlanMismatchWarning
 from .plan.reader import ShardingPlan as ShardingPlan
 from .plan.reader import load_plan as load_plan
@@ -22,23 +27,27 @@ from .plan.reader import load_rule as load_rule
 from .plan.writer import partition_rules_source as partition_rules_source
 from .plan.writer import plan_config as plan_config
 from .plan.writer import write_config as write_config
-from .rules.builtin import AutoShardingRule as AutoShardingRule
-from .rules.builtin import BatchShardingRule as BatchShardingRule
-from .rules.builtin import CompositeShardingRule as CompositeShardingRule
-from .rules.builtin import MemoryConstrainedShardingRule as MemoryConstrainedShardingRule
-from .rules.builtin import PathShardingRule as PathShardingRule
-from .rules.builtin import ShapeBasedShardingRule as ShapeBasedShardingRule
-from .rules.builtin import ShardingRule as ShardingRule
-from .rules.builtin import rule_from_config as rule_from_config
+from .rules.auto import AutoShardingRule as AutoShardingRule
+from .rules.base import ShardingRule as ShardingRule
+from .rules.base import registered_kinds as registered_kinds
+from .rules.base import rule_from_config as rule_from_config
+from .rules.batch import BatchShardingRule as BatchShardingRule
+from .rules.composite import CompositeShardingRule as CompositeShardingRule
+from .rules.memory import MemoryConstrainedShardingRule as MemoryConstrainedShardingRule
+from .rules.patterns import PathShardingRule as PathShardingRule
+from .rules.patterns import ShapeBasedShardingRule as ShapeBasedShardingRule
+from .search.candidate import Candidate as Candidate
+from .search.context import make_context as make_context
+from .search.context import make_space as make_space
 from .search.evaluate import Outcome as Outcome
 from .search.export import export_config as export_config
-from .search.loop import make_context as make_context
-from .search.loop import make_space as make_space
 from .search.loop import optimize as optimize
+from .search.objectives import Objective as Objective
+from .search.objectives import register_objective as register_objective
 from .search.record import TrialRecord as TrialRecord
 from .search.result import OptimizeResult as OptimizeResult
-from .search.space import Candidate as Candidate
 from .search.space import SearchSpace as SearchSpace
+from .search.stages import Stage as Stage
 
 __all__ = [
     "AutoShardingRule",
@@ -47,16 +56,19 @@ __all__ = [
     "CompositeShardingRule",
     "HardwareModel",
     "MemoryConstrainedShardingRule",
+    "Objective",
     "OptimizeResult",
     "Outcome",
     "PathShardingRule",
     "PlanMismatchWarning",
+    "ProgramCost",
     "SearchSpace",
     "ShapeBasedShardingRule",
     "ShardingAnalyzer",
     "ShardingPlan",
     "ShardingRule",
     "ShardingWarning",
+    "Stage",
     "TrialRecord",
     "__version__",
     "abstract_mesh",
@@ -74,6 +86,8 @@ __all__ = [
     "parse_mesh",
     "partition_rules_source",
     "plan_config",
+    "register_objective",
+    "registered_kinds",
     "rule_from_config",
     "use_cpu_devices",
     "write_config",

@@ -1,20 +1,27 @@
 """`shardsearch bench` and its suite files: one tiny suite end to end, resuming, and
 every error path."""
 
+import ast
+import importlib
 import importlib.util
 import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import jax
 import pytest
 
 import shardsearch as ss
-from shardsearch.bench.suite import load_suite
+from shardsearch.bench.suite import builtin_suites, load_suite, suite_names
+from shardsearch.cli import bench as _cli_bench
 from shardsearch.cli import main as _cli
 from shardsearch.workloads import get_workload
 
 REPO = Path(__file__).resolve().parent.parent
-SUITES = REPO / "benchmarks" / "suites"
 TINY = {"workload": "mlp", "size": "tiny", "mesh": "dp=2,tp=4", "trials": 3}
 
 
@@ -239,16 +246,88 @@ def test_list_shows_the_entries(tmp_path, capsys):
         "b: mlp:tiny on dp=2,tp=4, measured, 3 trials, budget quarter"]
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in SUITES.glob("*.json")))
+@pytest.mark.parametrize("name", suite_names())
 def test_the_shipped_suites_load(name):
-    suite = load_suite(name, suites_dir=SUITES)
+    suite = load_suite(name)
     assert suite.name == name and suite.entries
     for entry in suite.entries:
         get_workload(entry.workload_name)
 
 
+def test_the_shipped_suites_are_package_data_named_in_the_help(capsys):
+    names = suite_names()
+    assert names == ["cpu-sim8", "cpu-static64", "gpu-1", "gpu-8", "tpu-v5e-8"]
+    assert list(_cli_bench.BUILTIN_SUITES) == names
+    # Shipped with the package (not only present in this checkout): pyproject's
+    # package data covers every suite file.
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    globs = pyproject["tool"]["setuptools"]["package-data"]["shardsearch.bench"]
+    package = Path(ss.__file__).parent / "bench"
+    shipped = {p.relative_to(package) for g in globs for p in package.glob(g)}
+    assert shipped == {Path("suites") / f"{n}.json" for n in names}
+    assert Path(str(builtin_suites())) == package / "suites"
+    assert _cli.main(["bench", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in names)
+    assert "relative to the current folder" in text
+
+
+def test_a_shipped_suite_is_found_from_any_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert _cli.main(["bench", "--suite", "cpu-sim8", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(load_suite("cpu-sim8").entries)
+    assert lines[0] == "mlp-small-dp8: mlp:small on dp=8, measured, 40 trials, budget none"
+    assert list(tmp_path.iterdir()) == []  # listing writes nothing
+    assert _cli.main(["bench", "--suite", "nope", "--list"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "unknown suite 'nope': shardsearch ships no such suite (its suites: cpu-sim8, " \
+        "cpu-static64, gpu-1, gpu-8, tpu-v5e-8)" in line
+
+
+def test_the_console_entry_lists_a_shipped_suite_outside_the_repository(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run([sys.executable, "-m", "shardsearch", "bench", "--suite",
+                           "cpu-static64", "--list"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("llama-7b-dp8-tp8: llama:7b on dp=8,tp=8, "
+                                                  "static")
+
+
+def test_suites_dir_looks_names_up_in_a_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mine").mkdir()
+    _suite(tmp_path / "mine", [{"id": "a", **TINY}])
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert _cli.main(["bench", "--suite", "tiny", "--suites-dir", "../mine", "--list"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "a: mlp:tiny on dp=2,tp=4, measured, 3 trials, budget none"]
+    # The folder replaces the shipped suites for names; a path still works.
+    assert _cli.main(["bench", "--suite", "cpu-sim8", "--suites-dir", "../mine"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "unknown suite 'cpu-sim8'" in line and "suites there: tiny" in line
+    assert _cli.main(["bench", "--suite", "../mine/tiny.json", "--suites-dir", "../mine",
+                      "--list"]) == 0
+    assert capsys.readouterr().out.startswith("a: mlp:tiny")
+    assert load_suite("tiny", tmp_path / "mine").path == tmp_path / "mine" / "tiny.json"
+
+
+@pytest.mark.parametrize("where", ["nowhere", "tiny.json"])
+def test_a_bad_suites_dir_is_one_line_exit_2(where, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _suite(tmp_path, [{"id": "a", **TINY}])  # tiny.json: a file, not a folder
+    assert _cli.main(["bench", "--suite", "cpu-sim8", "--suites-dir", where, "--list"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"--suites-dir {where} (in {tmp_path}): no such folder" in line
+    with pytest.raises(ValueError, match=rf"suites folder {re.escape(where)} \(in .*\) does "
+                       "not exist or is not a folder; give a folder"):
+        load_suite("cpu-sim8", where)
+
+
 def test_cpu_sim8_covers_every_workload_mesh_and_budget():
-    suite = load_suite("cpu-sim8", suites_dir=SUITES)
+    suite = load_suite("cpu-sim8")
     keys = {(e.workload_name, e.mesh, e.budget) for e in suite.entries}
     for model in ("mlp", "gpt", "llama", "moe"):
         for mesh in ("dp=8", "dp=2,tp=4"):
@@ -287,10 +366,11 @@ def test_unknown_suites_and_unreadable_files(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "benchmarks" / "suites").mkdir(parents=True)
     (tmp_path / "benchmarks" / "suites" / "mine.json").write_text("{")
-    assert _cli.main(["bench", "--suite", "nope"]) == 2
+    mine = ["--suites-dir", "benchmarks/suites"]
+    assert _cli.main(["bench", "--suite", "nope", *mine]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert "unknown suite 'nope'" in line and "suites there: mine" in line
-    assert _cli.main(["bench", "--suite", "mine"]) == 2
+    assert _cli.main(["bench", "--suite", "mine", *mine]) == 2
     assert "mine.json is not valid JSON" in _one_line_error(capsys.readouterr().err)
     assert _cli.main(["bench", "--suite", "missing.json"]) == 2
     assert "suite file missing.json does not exist" in _one_line_error(capsys.readouterr().err)
@@ -373,3 +453,108 @@ def test_recheck_retimes_the_exported_winner_against_a_reference(ran, tmp_path, 
         with pytest.raises(SystemExit):
             recheck.main([*args, "--against", twin])
         assert "winner is the plan" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- scripts' API
+
+# What a benchmark script may import from shardsearch: these modules' `__all__`.
+PUBLIC_MODULES = ("shardsearch", "shardsearch.bench", "shardsearch.workloads")
+
+
+def _dotted(node):
+    """`a.b.c` as "a.b.c" (None for anything but names and attributes)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _not_public(name):
+    """Why `name` (dotted, from shardsearch) is not public API, or None."""
+    front = max((m for m in PUBLIC_MODULES if name == m or name.startswith(m + ".")),
+                key=len, default=None)
+    if front is None:
+        return "not a shardsearch module"
+    rest = name[len(front) + 1:].split(".")[0] if name != front else ""
+    if rest and rest not in importlib.import_module(front).__all__:
+        return f"{rest!r} is not in {front}.__all__"
+    return None
+
+
+def _private_uses(source, where):
+    """Every import or attribute in `source` that reaches past shardsearch's public API."""
+    tree = ast.parse(source)
+    bound = {}  # local name -> the shardsearch module it stands for
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "shardsearch":
+                    continue
+                if alias.name not in PUBLIC_MODULES:
+                    problems.append(f"{where}:{node.lineno}: import {alias.name}: a private "
+                                    "module")
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+                else:
+                    bound["shardsearch"] = "shardsearch"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == \
+                "shardsearch":
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                why = ("a private module" if node.module not in PUBLIC_MODULES
+                       else None if full in PUBLIC_MODULES else _not_public(full))
+                if why:
+                    problems.append(f"{where}:{node.lineno}: from {node.module} import "
+                                    f"{alias.name}: {why}")
+                if full in PUBLIC_MODULES:
+                    bound[alias.asname or alias.name] = full
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or id(node) in inner:
+            continue
+        name = _dotted(node)
+        head = name.split(".")[0] if name else None
+        if head in bound:
+            full = bound[head] + name[len(head):]
+            why = _not_public(full)
+            if why:
+                problems.append(f"{where}:{node.lineno}: {name}: {why}")
+    return problems
+
+
+SCRIPTS = sorted((REPO / "benchmarks").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[str(p.relative_to(REPO)) for p in SCRIPTS])
+def test_benchmark_scripts_use_only_public_api(path):
+    problems = _private_uses(path.read_text(encoding="utf-8"), path.relative_to(REPO))
+    assert not problems, ("benchmark scripts must import only names in the __all__ of "
+                          f"{', '.join(PUBLIC_MODULES)}:\n  " + "\n  ".join(problems))
+
+
+def test_the_scripts_checker_finds_private_uses():
+    assert len(SCRIPTS) >= 2  # the walk is not vacuous
+    private = [
+        "from shardsearch.search import confirm as _confirm",
+        "from shardsearch.search.loop import make_context",
+        "from shardsearch.bench import report",
+        "from shardsearch.bench import _private",
+        "from shardsearch import base",
+        "import shardsearch.bench.report",
+        "import shardsearch as ss\nss.search.loop.make_context",
+        "from shardsearch import bench\nbench.report.format_speedup",
+        "import shardsearch.bench as sb\nsb._report",
+    ]
+    for source in private:
+        assert len(_private_uses(source, "x.py")) == 1, source
+    public = [
+        "from shardsearch import bench, load_plan\nbench.retime\nbench.speedup(a, b)",
+        "import shardsearch as ss\nss.make_space\nss.bench.format_speedup",
+        "import shardsearch.bench\nshardsearch.bench.load_suite",
+        "from shardsearch.workloads import get_workload",
+        "import jax\njax.devices()",
+    ]
+    for source in public:
+        assert _private_uses(source, "x.py") == [], source

@@ -1,5 +1,6 @@
 """The command line's base: version, help, usage errors."""
 
+import json
 import os
 import subprocess
 import sys
@@ -58,3 +59,28 @@ def test_main_in_process(capsys):
     assert _exit_code(["--bogus"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unrecognized arguments: --bogus" in err
+
+
+def test_each_command_module_registers_one_subcommand(capsys):
+    from shardsearch.cli import bench, export, optimize, show
+
+    registered = [m.COMMAND for m in (optimize, export, show, bench)]
+    assert list(_cli.COMMANDS) == registered
+    assert [c.name for c in _cli.COMMANDS] == ["optimize", "export", "show", "bench"]
+    assert _cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in _cli.COMMANDS:
+        assert command.name in out and command.help in " ".join(out.split())
+
+
+def test_parsing_and_help_import_no_benchmark_code():
+    # The commands import the library's heavy parts when they run, not before.
+    code = ("import json, sys\n"
+            "from shardsearch.cli import main\n"
+            "main.build_parser().parse_args(['bench', '--suite', 'x'])\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('shardsearch'))))\n")
+    out = _run(sys.executable, "-c", code)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout)
+    assert "shardsearch.cli.bench" in loaded
+    assert not [m for m in loaded if m.startswith("shardsearch.bench")]

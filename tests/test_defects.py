@@ -1,4 +1,4 @@
-"""SPEC.md's eight known defects of the original design: one test each.
+"""The eight known defects of the original design (docs/semantics.md): one test each.
 
 Each test passes on shardsearch and would fail on the design the defect
 describes.

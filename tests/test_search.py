@@ -11,7 +11,7 @@ import pytest
 
 import shardsearch as ss
 from shardsearch.search import evaluate as _evaluate
-from shardsearch.search.loop import CONFIRM_WITHIN
+from shardsearch.search.finish import CONFIRM_WITHIN
 from shardsearch.workloads import get_workload
 
 FAST = dict(warmup=1, repeats=4, confirm_rounds=6, quiet=True)
@@ -206,7 +206,7 @@ def test_long_studies_release_jax_caches(mesh24, tmp_path, monkeypatch):
 
 
 def test_pick_winner_keeps_the_baseline_unless_the_search_is_significantly_faster():
-    from shardsearch.search.loop import pick_winner
+    from shardsearch.search.finish import pick_winner
 
     drift = np.linspace(0, 0.05, 12)  # the machine's drift hits every finalist alike
     base = list(1.0 + drift)
@@ -227,7 +227,7 @@ def test_pick_winner_keeps_the_baseline_unless_the_search_is_significantly_faste
 def test_pick_winner_splits_the_level_among_the_searched_finalists():
     from scipy import stats
 
-    from shardsearch.search.loop import pick_winner
+    from shardsearch.search.finish import pick_winner
 
     base = [1.0] * 12
     # Faster in 9 of 12 paired rounds: p = 0.032, significant alone, not as
@@ -242,7 +242,7 @@ def test_pick_winner_splits_the_level_among_the_searched_finalists():
 
 
 def test_pick_winner_takes_the_smallest_of_the_baselines_that_tie():
-    from shardsearch.search.loop import pick_winner
+    from shardsearch.search.finish import pick_winner
 
     drift = np.linspace(0, 0.05, 12)
     base = list(1.0 + drift)

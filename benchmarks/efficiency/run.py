@@ -5,7 +5,7 @@ For each workload, on a (2, 4) mesh of 8 simulated CPU devices:
 1. Timing (resumable). Enumerate every parameter combination of the search
    space (`SearchSpace.enumerate()`, the space built as `optimize` builds it),
    resolve each to its fingerprint (the hash of its spec trees), and time each
-   DISTINCT fingerprint once with `_evaluate.evaluate` (no pruning, no memory
+   DISTINCT fingerprint once with `shardsearch.bench.evaluate` (no pruning, no memory
    budget). Each result is appended to `<workload>.timing.jsonl` as soon as it
    is measured, so a killed run resumes where it stopped; at the end the whole
    table (params -> fingerprint, fingerprint -> median seconds or cut/failed)
@@ -26,7 +26,8 @@ For each workload, on a (2, 4) mesh of 8 simulated CPU devices:
    `<workload>.json`, `summary.md` and `<workload>.png` (matplotlib, if
    installed).
 
-Run from the repository root:
+Run from the repository root (the default `--out` is relative to it), with
+shardsearch installed (`pip install -e .`):
 
     python benchmarks/efficiency/run.py                      # both workloads, ~hours
     python benchmarks/efficiency/run.py --replay-only        # re-analyse the tables
@@ -46,6 +47,17 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from shardsearch import (
+    abstract_mesh,
+    create_mesh,
+    make_context,
+    make_space,
+    parse_mesh,
+    use_cpu_devices,
+)
+from shardsearch.bench import evaluate, machine_info, make_sampler, resolve, retime
+from shardsearch.workloads import get_workload
 
 # "tpe" is the sampler `optimize` uses; "tpe-grouped" is the multivariate TPE
 # over groups of parameters, the alternative for a conditional space.
@@ -77,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="time at most N distinct fingerprints (a quick check of the "
                         "pipeline; its replay treats the untimed ones as cut)")
     a = p.parse_args(argv)
-    from shardsearch import parse_mesh, use_cpu_devices
-
     dims, names = parse_mesh(a.mesh)
     if not a.replay_only:
         import jax
@@ -139,22 +149,16 @@ def build_table(name: str, dims: tuple[int, ...], names: tuple[str, ...], out: P
     and the `refine` best of them re-timed interleaved."""
     import optuna
 
-    import shardsearch as ss
-    from shardsearch import make_space
-    from shardsearch.bench.report import machine_info
-    from shardsearch.search import evaluate as _evaluate
-    from shardsearch.workloads import get_workload
-
     workload = get_workload(name)
-    mesh = ss.create_mesh(dims, names)
-    ctx, _ = ss.make_context(workload, None, mesh, memory_budget=None, warmup=warmup,
+    mesh = create_mesh(dims, names)
+    ctx, _ = make_context(workload, None, mesh, memory_budget=None, warmup=warmup,
                              repeats=repeats)
     space = make_space(mesh, ctx.abstract_args[0], ctx.budget)
     start = time.perf_counter()
     combos = space.enumerate()
     rows, specs_of, invalid = [], {}, {}
     for params in combos:
-        specs, fp = _evaluate.resolve(space.suggest(optuna.trial.FixedTrial(params)), ctx)
+        specs, fp = resolve(space.suggest(optuna.trial.FixedTrial(params)), ctx)
         if specs is None:
             invalid[_key(params)] = fp  # the reason
             rows.append([params, None])
@@ -175,7 +179,7 @@ def build_table(name: str, dims: tuple[int, ...], names: tuple[str, ...], out: P
         for i, fp in enumerate(order, 1):
             if fp in timed:
                 continue
-            outcome = _evaluate.evaluate(specs_of[fp], fp, ctx)
+            outcome = evaluate(specs_of[fp], fp, ctx)
             timed[fp] = outcome.to_json()
             f.write(json.dumps(timed[fp]) + "\n")
             f.flush()
@@ -225,8 +229,6 @@ def _refine(results: dict[str, dict[str, Any]], specs_of: dict[str, Any], ctx: A
     machine hit them alike. Kept in `path`, reused while the set and the
     rounds are the same.
     """
-    from shardsearch.search.confirm import retime
-
     if count <= 0:
         return {}
     done = sorted((r["median_seconds"], fp) for fp, r in results.items()
@@ -265,9 +267,6 @@ def replay_all(table: dict[str, Any], seeds: int, budget: int | None,
                tolerance: float) -> dict[str, Any]:
     """Every sampler, every seed, against the table."""
     import optuna
-
-    from shardsearch import abstract_mesh, make_space
-    from shardsearch.workloads import get_workload
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     mesh = abstract_mesh(tuple(table["mesh"].values()), tuple(table["mesh"]))
@@ -320,8 +319,6 @@ def replay(sampler_name: str, seed: int, space: Any, grid: dict[str, list[Any]],
     it; the target is reached at the first trial that evaluates one of
     `targets`."""
     import optuna
-
-    from shardsearch.search.loop import make_sampler
 
     samplers = {
         "tpe": lambda: make_sampler(seed),

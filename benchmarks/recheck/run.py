@@ -16,7 +16,9 @@ itself (a "same plan" entry has nothing to recheck). Output: `recheck.json`
 (every time) and `recheck.md` (one row per entry) in the suite's results
 folder, or `--out`.
 
-Run from the repository root, with nothing else running:
+Run from the repository root (the default `--results` folder and the rule
+files recorded in the entries are relative to it), with nothing else running,
+shardsearch installed (`pip install -e .`):
 
     python benchmarks/recheck/run.py --suite cpu-sim8
     python benchmarks/recheck/run.py --suite cpu-sim8 --entries mlp-small-dp8 --times 5
@@ -33,12 +35,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardsearch import create_mesh, load_plan, parse_mesh
+from shardsearch.bench import (
+    baseline_candidates,
+    format_speedup,
+    load_suite,
+    make_context,
+    prepare_devices,
+    retime,
+    speedup,
+)
+from shardsearch.workloads import get_workload
+
 BEST_EXPERT = "best_expert"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", required=True, help="suite name or file (as for `bench`)")
+    p.add_argument("--suites-dir", help="look suite names up in this folder instead of the "
+                   "suites shipped with shardsearch (as for `bench`)")
     p.add_argument("--results", default="benchmarks/results",
                    help="where the suite's results are (default benchmarks/results)")
     p.add_argument("--entries", help="comma-separated entry ids (default: every entry whose "
@@ -55,11 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--times must be at least 1 and --rounds at least 6 (the paired test "
                 "needs 6 rounds)")
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from shardsearch.bench.suite import load_suite, prepare_devices
-
     try:
-        suite = load_suite(a.suite)
+        suite = load_suite(a.suite, a.suites_dir)
         prepare_devices(suite)
         folder = Path(a.results) / suite.name
         records = _records(folder, suite, a.entries.split(",") if a.entries else None,
@@ -78,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         result = recheck(suite, record, reference, times=a.times, rounds=a.rounds)
         for i, rep in enumerate(result["repetitions"], 1):
-            print(f"  {i}: {_shown(rep)}", flush=True)
+            print(f"  {i}: {format_speedup(rep)}", flush=True)
         results.append(result)
     summary = {"suite": suite.name, "times": a.times, "rounds": a.rounds,
                "against": a.against, "command": " ".join(["python", *sys.argv]),
@@ -130,16 +143,9 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
     """Re-times an entry's exported winner against `reference`, `times` runs."""
     import jax
 
-    from shardsearch import load_plan
-    from shardsearch.base import mesh as _mesh
-    from shardsearch.bench import report as _report
-    from shardsearch.search import confirm as _confirm
-    from shardsearch.search.loop import baseline_candidates, make_context
-    from shardsearch.workloads import get_workload
-
     entry = suite.select([record["entry"]["id"]])[0]
-    dims, names = _mesh.parse_mesh(entry.mesh)
-    mesh = _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])
+    dims, names = parse_mesh(entry.mesh)
+    mesh = create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])
     workload = get_workload(entry.workload_name)
     ctx, _ = make_context(workload, None, mesh, memory_budget=record["budget"]["bytes"],
                           objective="measured", seed=entry.seed, warmup=suite.warmup,
@@ -149,29 +155,21 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
     reference_specs = baseline_candidates(workload, mesh)[reference].specs(ctx.abstract_args)
     repetitions = []
     for _ in range(times):
-        timings = _confirm.retime([("winner", winner_specs), (reference, reference_specs)],
+        timings = retime([("winner", winner_specs), (reference, reference_specs)],
                                   ctx, rounds)
         # Plan rows as the suite records them, so the ratio, CI and verdict
         # are the report's own.
         win, ref = ({**plans[label], "times": list(timings[label].times),
                      "median_seconds": timings[label].median} for label in ("winner", reference))
-        repetitions.append({**_report._speedup(win, ref),
+        repetitions.append({**speedup(win, ref),
                             "winner_seconds": win["median_seconds"],
                             "reference_seconds": ref["median_seconds"],
                             "winner_times": win["times"], "reference_times": ref["times"]})
-    recorded = _report._speedup(plans["winner"], plans[reference])
+    recorded = speedup(plans["winner"], plans[reference])
     return {"entry": record["entry"]["id"], "winner": plans["winner"].get("source"),
             "reference": reference, "rule_file": record["rule_file"],
             "recorded": {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")},
             "repetitions": repetitions}
-
-
-def _shown(s: dict[str, Any]) -> str:
-    """A speedup as `results.md` shows it (imported here: `main` puts the
-    repository on the path first)."""
-    from shardsearch.bench.report import _times
-
-    return _times(s)
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -190,8 +188,8 @@ def markdown(summary: dict[str, Any]) -> str:
     ]
     for e in summary["entries"]:
         lines.append("| " + " | ".join([e["entry"], str(e["winner"]), e["reference"],
-                                        _shown(e["recorded"]),
-                                        *(_shown(r) for r in e["repetitions"])]) + " |")
+                                        format_speedup(e["recorded"]),
+                                        *(format_speedup(r) for r in e["repetitions"])]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from jax.sharding import PartitionSpec as P
@@ -85,3 +87,19 @@ def spec_from_json(data: Any, where: str = "spec") -> P:
                 f"{where}: entry {i} is {item!r}; expected null, an axis name or a list "
                 "of axis names")
     return P(*entries)
+
+
+def spec_source(spec_json: Sequence[Any]) -> str:
+    """A spec's JSON form as Python source: `[null, "tp"]` → `P(None, "tp")`."""
+    entries = []
+    for entry in spec_json:
+        if entry is None:
+            entries.append("None")
+        elif entry == "<unconstrained>":
+            entries.append("P.UNCONSTRAINED")
+        elif isinstance(entry, str):
+            entries.append(json.dumps(entry))
+        else:
+            names = ", ".join(json.dumps(a) for a in entry)
+            entries.append(f"({names},)" if len(entry) == 1 else f"({names})")
+    return f"P({', '.join(entries)})"

@@ -1,6 +1,6 @@
 """Benchmark reports: the machine, one Markdown table per suite, and plots.
 
-Everything here reads the entry files `_bench` wrote, so a report can be
+Everything here reads the entry files the runner wrote, so a report can be
 regenerated at any time from whatever entries have finished. Plots need
 matplotlib (the `bench` extra); without it they are skipped with a note.
 """
@@ -17,6 +17,8 @@ from typing import Any
 
 from ..base.units import format_bytes as _bytes
 from ..search import confirm as _confirm
+from ..search.objectives import is_estimate
+from ..search.stages import Stage
 
 MATPLOTLIB_MISSING = ("plots skipped: matplotlib is not installed (pip install "
                       "'shardsearch[bench]' or pip install matplotlib)")
@@ -80,20 +82,34 @@ def speedups(plans: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     winner = by["winner"]
     experts = [p for p in plans if p["role"] == "expert" and p["median_seconds"] is not None]
     best = min(experts, key=lambda p: (p["median_seconds"], p["label"]), default=None)
-    out = {"vs_replicated": _speedup(winner, by.get("replicated")),
-           "vs_default": _speedup(winner, by.get("default")),
-           "vs_best_expert": _speedup(winner, best)}
+    out = {"vs_replicated": speedup(winner, by.get("replicated")),
+           "vs_default": speedup(winner, by.get("default")),
+           "vs_best_expert": speedup(winner, best)}
     if "single_device" in by:
-        single = _speedup(winner, by["single_device"])
+        single = speedup(winner, by["single_device"])
         if single["speedup"]:
             single["time_ratio"] = 1 / single["speedup"]
         out["vs_single_device"] = single
     return out
 
 
-def _speedup(winner: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`speedup` = reference median / winner median (above 1: the winner is faster),
-    the 95% CI of the per-round ratio, and the paired Wilcoxon verdict."""
+def speedup(winner: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The winner against one reference plan, as `results.md` reports it.
+
+    Args:
+      winner, ref: plan rows as an entry file holds them (`label`, `role`,
+        `status`, `fingerprint`, `median_seconds`, `times` one per round);
+        `ref` None: no reference fits.
+
+    Returns:
+      `reference` (its label), `speedup` = reference median / winner median
+      (above 1: the winner is faster), `ratio_ci` (95% CI of the per-round
+      ratio), `verdict` (paired one-sided Wilcoxon: "faster", "slower",
+      "tie"; "same plan" for equal specs) and `note` (why a figure is
+      missing). Example: winner times [1, 1, ...], reference [2, 2, ...]
+      (6 rounds) → `{"speedup": 2.0, "ratio_ci": [2.0, 2.0], "verdict":
+      "faster", ...}`.
+    """
     out: dict[str, Any] = {"reference": ref["label"] if ref else None, "speedup": None,
                            "ratio_ci": None, "verdict": None, "note": None}
     if ref is None:
@@ -163,7 +179,7 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
     """The suite's results table, one row per finished entry."""
     versions = machine.get("versions") or {}
     memory = machine.get("memory_bytes")
-    static = any(r["objective"] == "static" for r in records)
+    static = any(is_estimate(r["objective"]) for r in records)
     lines = [
         f"# Benchmark suite `{suite.name}`", "",
         *([suite.description, ""] if suite.description else []),
@@ -187,11 +203,12 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
             r["entry"]["id"], r["workload"],
             ",".join(f"{k}={v}" for k, v in r["mesh"].items()),
             _budget(r["budget"]),
-            f"{winner.get('source')}" + (" (est.)" if r["objective"] == "static" else ""),
+            f"{winner.get('source')}" + (" (est.)" if is_estimate(r["objective"]) else ""),
             _ms(winner), _ms(plans.get("replicated")), _ms(plans.get("default")),
             f"{best}: {_ms(plans[best])}" if best else "none fits",
-            _times(s["vs_replicated"]), _times(s["vs_default"]), _times(s["vs_best_expert"]),
-            _times(s["vs_single_device"]) if "vs_single_device" in s else "-",
+            format_speedup(s["vs_replicated"]), format_speedup(s["vs_default"]),
+            format_speedup(s["vs_best_expert"]),
+            format_speedup(s["vs_single_device"]) if "vs_single_device" in s else "-",
             _memory(winner), _search(r["search"]),
         ]) + " |")
     lines += ["", *versus_expert(records), "", *skipped_experts(records), *LEGEND]
@@ -226,7 +243,7 @@ def versus_expert(records: Sequence[Mapping[str, Any]]) -> list[str]:
         s = r["speedups"]["vs_best_expert"]
         verdict = s["verdict"] or _estimate_verdict(s)
         verdicts.setdefault(verdict, []).append((s["speedup"] or 0.0, r["entry"]["id"],
-                                                 _times(s)))
+                                                 format_speedup(s)))
     if not verdicts:
         return []
     order = ["faster", "faster (est.)", "tie", "equal (est.)", "same plan", "slower",
@@ -316,7 +333,9 @@ def _ms(plan: Mapping[str, Any] | None) -> str:
     return text
 
 
-def _times(s: Mapping[str, Any]) -> str:
+def format_speedup(s: Mapping[str, Any]) -> str:
+    """A `speedup` record as the report shows it, e.g. "1.28x [1.10–1.41] faster"
+    ("-" when there is no figure)."""
     if s["speedup"] is None:
         return "-"
     text = f"{s['speedup']:.2f}x"
@@ -357,7 +376,7 @@ def _search(s: Mapping[str, Any]) -> str:
     elif s.get("trials_before"):
         cost += f" (+ {s['trials_before']} earlier trials)"
     return (f"{cost}; {t['trials']} trials: "
-            f"{t['completed']} / {t['cut_check']}, {t['cut_compile']}, {t['cut_measure']} / "
+            f"{t['completed']} / {', '.join(str(t.get(s.summary_key, 0)) for s in Stage)} / "
             f"{t['failed']} / {t['cache_hits']}; {share} on cut")
 
 
@@ -370,7 +389,7 @@ def entry_line(record: Mapping[str, Any]) -> str:
                       ("vs_best_expert", f"best expert {s['vs_best_expert']['reference']}"),
                       ("vs_single_device", "1 device")):
         if key in s and s[key]["speedup"] is not None:
-            parts.append(f"{_times(s[key])} vs {name}")
+            parts.append(f"{format_speedup(s[key])} vs {name}")
     return "; ".join(parts)
 
 

@@ -1,7 +1,7 @@
 """Running a benchmark suite: search each entry, then time every plan in one run.
 
-A suite (`_suite`: the hardware it is for and its entries) is run entry by
-entry. For each entry the runner
+A suite (`suite.Suite`: the hardware it is for and its entries) is run entry
+by entry. For each entry the runner
 
   1. runs `optimize` (its study stored under the output folder, so a killed
      entry resumes), whose own interleaved confirmation of its top candidates
@@ -10,13 +10,15 @@ entry. For each entry the runner
   2. checks every plan — the winner, replicated, the original design's default
      rule, each expert plan — against the budget (analyzer, then XLA),
   3. re-times the plans that fit, plus a 1-device reference on simulated CPU
-     meshes, interleaved in ONE `_confirm.retime` run, so every comparison of
+     meshes, interleaved in ONE `search.confirm.retime` run, so every comparison of
      the entry is measured under the same conditions,
   4. writes `<out>/<suite>/entries/<id>.json` and exports the winner to
      `<rules>/<suite>/<id>.json`.
 
 Finished entries are kept and skipped on the next run, which is how a suite
-that takes hours resumes. `_report` turns the entry files into tables and plots.
+that takes hours resumes. `report` turns the entry files into tables and plots.
+Both output folders are the caller's (the command line's are relative to the
+current folder); nothing here assumes a repository layout.
 """
 
 from __future__ import annotations
@@ -37,19 +39,21 @@ import optuna
 from ..base import mesh as _mesh
 from ..base.analyzer import ShardingAnalyzer
 from ..base.units import parse_bytes
-from ..cost import model as _cost
-from ..plan.writer import _finite, write_config
+from ..cost.hardware import HARDWARE, hardware_for
+from ..cost.program import XlaMemory
+from ..plan.writer import strict_json, write_config
 from ..search import confirm as _confirm
 from ..search import evaluate as _evaluate
+from ..search.context import baseline_candidates, make_context
 from ..search.export import export_config
-from ..search.loop import baseline_candidates, make_context, open_study, optimize
+from ..search.loop import optimize
+from ..search.objectives import get_objective
 from ..search.record import TrialRecord
+from ..search.stages import COMPLETE, CUT, FAILED, Stage
+from ..search.storage import open_study
 from ..workloads import expert_plans, get_workload
 from . import report as _report
 from .suite import QUARTER, Entry, Suite
-
-DEFAULT_OUT = Path("benchmarks/results")
-DEFAULT_RULES = Path("rules")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +70,8 @@ class SuiteRun:
 def run_suite(
     suite: Suite,
     *,
-    out: str | Path = DEFAULT_OUT,
-    rules_dir: str | Path = DEFAULT_RULES,
+    out: str | Path,
+    rules_dir: str | Path,
     entries: Sequence[str] | None = None,
     force: bool = False,
     trials: int | None = None,
@@ -79,7 +83,7 @@ def run_suite(
 ) -> SuiteRun:
     """Runs the suite's entries that have no result yet, then rewrites the report.
 
-    Call `_suite.prepare_devices(suite)` first. An entry that fails is reported and
+    Call `suite.prepare_devices(suite)` first. An entry that fails is reported and
     left without a result (the next run tries it again); the others go on.
 
     Args:
@@ -142,7 +146,7 @@ def resolve_budget(entry: Entry, workload: Any, mesh: Any) -> dict[str, Any]:
         out["replicated_arguments"] = ShardingAnalyzer(mesh).estimate_memory_usage(
             tuple(ctx.abstract_args), replicated)["size_per_device"]
         compiled, _seconds = _evaluate.compile_step(replicated, ctx)
-        out["replicated_total"] = _evaluate.xla_memory(compiled)["total"]
+        out["replicated_total"] = XlaMemory.from_compiled(compiled).total
         out["bytes"] = out["replicated_total"] // 4
     elif entry.budget is not None:
         out["bytes"] = parse_bytes(entry.budget)
@@ -169,7 +173,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     budget = resolve_budget(entry, workload, mesh)
     repeats = repeats or suite.repeats
     n_trials = trials or entry.trials
-    hardware = _cost.HARDWARE[suite.hardware] if suite.hardware else None
+    hardware = HARDWARE[suite.hardware] if suite.hardware else None
     storage = f"sqlite:///{(folder / 'studies.db').resolve()}"
     study_name = f"bench/{suite.name}/{entry.id}"
     before = _finished_trials(storage, study_name)
@@ -190,7 +194,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
              if r.outcome.fingerprint and not r.outcome.cache_hit}
     win_fp = _evaluate.fingerprint(result.best_specs)
     win_trial = min((r.number for r in result.trials
-                     if r.outcome.fingerprint == win_fp and r.outcome.status == "complete"),
+                     if r.outcome.fingerprint == win_fp and r.outcome.status == COMPLETE),
                     default=None)
     plans = [_plan_row("winner", "winner", result.best_specs, ctx, known)]
     plans[0]["source"] = (f"search (trial {win_trial})" if result.best_label == "search"
@@ -200,7 +204,8 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         role = label if label in ("replicated", "default") else "expert"
         plans.append(_plan_row(label, role, specs, ctx, known, invalid=fp))
     one_ctx = None
-    if suite.simulated and entry.objective == "measured":
+    objective = get_objective(entry.objective)
+    if suite.simulated and objective.needs_host_args:
         one = _mesh.create_mesh((1,), ("x",), devices=jax.devices()[:1])
         one_ctx = dataclasses.replace(ctx, mesh=one, budget=None, compiles=0)
         # The replicated specs name no mesh axis, so they run on any mesh.
@@ -208,12 +213,12 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         plans.append(_plan_row("single_device", "single_device", single, one_ctx, {}))
         plans[-1]["context"] = one_ctx
     rounds = rounds or suite.rounds
-    if entry.objective == "measured":
+    if objective.confirms:
         _time_plans(plans, ctx, rounds)
     compare = time.perf_counter() - start - wall
     config = export_config(result)
     rule_file = write_config(config, rules_dir / suite.name / f"{entry.id}.json")
-    cut = [r for r in result.trials if r.outcome.status == "cut"]
+    cut = [r for r in result.trials if r.outcome.status == CUT]
     trial_seconds = sum(r.seconds for r in result.trials)
     cut_seconds = sum(r.seconds for r in cut)
     for plan in plans:
@@ -225,8 +230,8 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         "workload": entry.workload_name,
         "mesh": _mesh.axis_sizes(mesh),
         "objective": entry.objective,
-        "hardware_model": (_cost.hardware_for(mesh.devices.flat[0].platform, hardware).name
-                           if entry.objective == "static" else None),
+        "hardware_model": (hardware_for(mesh.devices.flat[0].platform, hardware).name
+                           if objective.timed_in == "estimate" else None),
         "budget": budget,
         "timing": {"warmup": suite.warmup, "repeats": repeats, "rounds": rounds,
                    "trials": n_trials, "overridden": trials is not None},
@@ -291,16 +296,16 @@ def _plan_row(label: str, role: str, specs: Any, ctx: Any, known: Mapping[str, A
     fp = _evaluate.fingerprint(specs)
     row["fingerprint"] = fp
     outcome = known.get(fp)
-    if outcome is None or (ctx.objective == "measured" and "total" not in outcome.memory
-                           and outcome.cut_stage != 1):
+    if outcome is None or (ctx.objective.needs_host_args and "total" not in outcome.memory
+                           and outcome.cut_stage != Stage.CHECK):
         outcome = _evaluate.evaluate(specs, fp, ctx, run=False)  # stages 1-2 (+ estimate)
     row["memory_per_device"] = dict(sorted(outcome.memory.items()))
-    if outcome.status == "failed" or outcome.cut_stage in (1, 2):
-        row["status"] = "failed" if outcome.status == "failed" else "does not fit"
+    if outcome.status == FAILED or outcome.cut_stage in (Stage.CHECK, Stage.COMPILE):
+        row["status"] = "failed" if outcome.status == FAILED else "does not fit"
         row["reason"] = outcome.reason
         return row
     row["fits"] = True
-    if ctx.objective == "static":
+    if ctx.objective.timed_in == "estimate":
         row.update(status="estimated", median_seconds=outcome.value)
     return row
 
@@ -331,6 +336,6 @@ def _write_json(path: Path, data: Any) -> None:
     """Whole or not at all, keys sorted, strict JSON (NaN as null)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(_finite(data), indent=1, sort_keys=True, allow_nan=False) + "\n",
+    tmp.write_text(json.dumps(strict_json(data), indent=1, sort_keys=True, allow_nan=False) + "\n",
                    encoding="utf-8")
     os.replace(tmp, path)

@@ -1,18 +1,24 @@
 """Benchmark suite files: what hardware a suite is for and its entries.
 
-A suite is a JSON file, `benchmarks/suites/<name>.json` (fields in
-`benchmarks/README.md`). `load_suite` reads and checks one, naming the file
-and the entry in every error; `prepare_devices` makes JAX's devices the
-suite's (simulating CPU devices when it asks) or refuses. `_bench` runs it.
+A suite is a JSON file (fields in the repository's `benchmarks/README.md`).
+The suites shipped with shardsearch are package data, `shardsearch/bench/
+suites/<name>.json`, found with `importlib.resources` whatever the current
+folder; `load_suite` also takes a path to any suite file, or a name looked up
+in a folder the caller names. It reads and checks the file, naming the file
+and the entry in every error. `prepare_devices` makes JAX's devices the
+suite's (simulating CPU devices when it asks) or refuses. The runner
+(`runner.run_suite`) runs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +26,13 @@ import jax
 
 from ..base import mesh as _mesh
 from ..base.units import parse_bytes
-from ..cost import model as _cost
+from ..cost.hardware import HARDWARE
+from ..search.objectives import OBJECTIVES
 
-SUITES_DIR = Path("benchmarks/suites")
+# The shipped suites: `<name>.json` files in this package's `suites` folder.
+BUILTIN_SUITES = "suites"
 PLATFORMS = ("cpu", "gpu", "tpu")
-OBJECTIVES = ("measured", "static")
-# A quarter of what the replicated plan needs per device (`_bench.resolve_budget`):
+# A quarter of what the replicated plan needs per device (`runner.resolve_budget`):
 # plain data parallelism does not fit, so the plan must shard the parameters.
 QUARTER = "quarter"
 _ENTRY_KEYS = ("id", "workload", "size", "mesh", "trials", "timeout", "budget", "objective",
@@ -46,7 +53,7 @@ class Entry:
       trials: trials of the search, baselines included (None: until `timeout`).
       timeout: seconds of search (None: until `trials`); per run of the entry.
       budget: per-device bytes, a size such as "16GiB", "quarter" (a quarter of
-        the replicated plan's XLA total per device, `_bench.resolve_budget`), or None.
+        the replicated plan's XLA total per device, `runner.resolve_budget`), or None.
       objective: "measured" or "static".
       seed: the sampler's and the workload's seed.
 
@@ -87,7 +94,7 @@ class Entry:
         if self.budget is not None and self.budget != QUARTER:
             parse_bytes(self.budget)
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective {self.objective!r}; choose one of {OBJECTIVES}")
+            raise ValueError(f"objective {self.objective!r}; choose one of {tuple(OBJECTIVES)}")
 
     @property
     def workload_name(self) -> str:
@@ -106,21 +113,21 @@ class Suite:
 
     Attributes:
       name: the suite's name ("cpu-sim8").
-      path: the file it was read from.
+      path: the file it was read from (a package resource for a shipped suite).
       platform: "cpu", "gpu" or "tpu": what `jax.devices()` must report.
       devices: how many devices JAX must have.
       simulated: CPU devices simulated by the runner (`jax_num_cpu_devices`);
         such entries are also timed on one device for reference.
       entries: the entries.
       hardware: the static objective's model of the hardware planned for, a
-        key of `_cost.HARDWARE` ("tpu": v5e-class); None: the devices' own.
+        key of `cost.hardware.HARDWARE` ("tpu": v5e-class); None: the devices' own.
       warmup, repeats: untimed and timed steps per candidate in the search.
       rounds: interleaved rounds of the comparison run.
       description: one paragraph for people.
     """
 
     name: str
-    path: Path
+    path: Path | Traversable
     platform: str
     devices: int
     simulated: bool
@@ -139,9 +146,9 @@ class Suite:
                              "'_' or '.' (it names the results folder)")
         if self.platform not in PLATFORMS:
             raise ValueError(f"{where}: platform {self.platform!r}; choose one of {PLATFORMS}")
-        if self.hardware is not None and self.hardware not in _cost.HARDWARE:
+        if self.hardware is not None and self.hardware not in HARDWARE:
             raise ValueError(f"{where}: hardware {self.hardware!r}; choose one of "
-                             f"{tuple(_cost.HARDWARE)} or leave it out")
+                             f"{tuple(HARDWARE)} or leave it out")
         if self.simulated and self.platform != "cpu":
             raise ValueError(f"{where}: only cpu devices can be simulated; set "
                              "\"simulated\": false or \"platform\": \"cpu\"")
@@ -176,11 +183,46 @@ class Suite:
         return tuple(e for e in self.entries if e.id in ids)
 
 
-def find_suite(name_or_path: str, suites_dir: Path = SUITES_DIR) -> Path:
-    """The suite file: a path to a file, or a name looked up in `suites_dir`.
+def builtin_suites() -> Traversable:
+    """The folder of the suites shipped with shardsearch (package data).
+
+    Example: `sorted(p.name for p in builtin_suites().iterdir())` →
+    `["cpu-sim8.json", "cpu-static64.json", ...]`.
+    """
+    return importlib.resources.files(__package__) / BUILTIN_SUITES
+
+
+def suite_names(suites_dir: str | Path | None = None) -> list[str]:
+    """The suite names in `suites_dir` (None: the shipped suites), sorted.
+
+    Example: `suite_names()` → `["cpu-sim8", "cpu-static64", "gpu-1", ...]`.
+    """
+    folder = builtin_suites() if suites_dir is None else Path(suites_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(p.name[:-len(".json")] for p in folder.iterdir()
+                  if p.name.endswith(".json") and p.is_file())
+
+
+def find_suite(name_or_path: str,
+               suites_dir: str | Path | None = None) -> Path | Traversable:
+    """The suite file: a path to a file, or a name looked up in a folder.
+
+    Args:
+      name_or_path: a path to a suite file (it ends in `.json`, holds a path
+        separator or names an existing file; relative to the current folder),
+        or a suite name such as "cpu-sim8".
+      suites_dir: where names are looked up: a folder of `<name>.json` files,
+        or None for the suites shipped with shardsearch (`builtin_suites()`).
+
+    Returns:
+      The file: a `Path`, or a package resource for a shipped suite.
 
     Raises:
-      ValueError: no such file; the message lists the suites in `suites_dir`.
+      ValueError: no such file, or `suites_dir` is not a folder; the message
+        lists the suites that are there.
+
+    Example: `find_suite("cpu-sim8")` → `.../shardsearch/bench/suites/cpu-sim8.json`.
     """
     path = Path(name_or_path)
     if path.suffix == ".json" or os.sep in name_or_path or path.is_file():
@@ -188,21 +230,35 @@ def find_suite(name_or_path: str, suites_dir: Path = SUITES_DIR) -> Path:
             raise ValueError(f"suite file {path} does not exist; give a path to a suite JSON "
                              "file or a suite name")
         return path
-    found = suites_dir / f"{name_or_path}.json"
+    if suites_dir is not None and not Path(suites_dir).is_dir():
+        where = "" if Path(suites_dir).is_absolute() else f" (in {Path.cwd()})"
+        raise ValueError(f"suites folder {suites_dir}{where} does not exist or is not a "
+                         "folder; give a folder that holds <name>.json suite files")
+    folder = builtin_suites() if suites_dir is None else Path(suites_dir)
+    found = folder / f"{name_or_path}.json"
     if found.is_file():
         return found
-    names = sorted(p.stem for p in suites_dir.glob("*.json")) if suites_dir.is_dir() else []
-    listed = f"suites there: {', '.join(names)}" if names else "there are none there"
-    raise ValueError(f"unknown suite {name_or_path!r}: no {found} under {Path.cwd()} "
-                     f"({listed}); run from the repository root or give a path to a suite file")
+    names = ", ".join(suite_names(suites_dir)) or "none"
+    if suites_dir is None:
+        raise ValueError(f"unknown suite {name_or_path!r}: shardsearch ships no such suite "
+                         f"(its suites: {names}); give one of those names, a path to a suite "
+                         "file, or a folder to look names up in")
+    raise ValueError(f"unknown suite {name_or_path!r}: no {found} (suites there: {names}); "
+                     "give one of those names or a path to a suite file")
 
 
-def load_suite(name_or_path: str, suites_dir: Path = SUITES_DIR) -> Suite:
-    """Reads and checks a suite file (see `benchmarks/README.md` for its fields).
+def load_suite(name_or_path: str, suites_dir: str | Path | None = None) -> Suite:
+    """Reads and checks a suite file (its fields: the repository's `benchmarks/README.md`).
+
+    Args:
+      name_or_path, suites_dir: as for `find_suite`: a path to a suite file,
+        or a name looked up in `suites_dir` (None: the shipped suites).
 
     Raises:
       ValueError: unknown suite, unreadable or malformed file; the message
         names the file and, for an entry's problem, the entry.
+
+    Example: `load_suite("cpu-sim8").entries[0].workload_name` → `"mlp:small"`.
     """
     path = find_suite(name_or_path, suites_dir)
     where = f"suite file {path}"

@@ -27,7 +27,8 @@ from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
 from ..base.monitor import ShardingWarning
-from ..rules.builtin import BatchShardingRule, ShardingRule, argument_specs, rule_from_config
+from ..rules.base import ShardingRule, argument_specs, rule_from_config
+from ..rules.batch import BatchShardingRule
 
 SCHEMA = 1
 # What a plan needs to load; everything else in the file is optional.

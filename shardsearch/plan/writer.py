@@ -26,7 +26,8 @@ from .._version import __version__
 from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
-from ..rules.builtin import BatchShardingRule, ShardingRule, argument_specs, rule_from_config
+from ..rules.base import ShardingRule, argument_specs, rule_from_config
+from ..rules.batch import BatchShardingRule
 from .reader import SCHEMA, ShardingPlan, leaf_info, leaves_hash
 
 FORMATS = ("json", "partition-rules")
@@ -118,7 +119,7 @@ def write_config(config: Mapping[str, Any], path: str | os.PathLike[str],
     if format not in FORMATS:
         raise ValueError(f"write_config: format={format!r}; choose one of {FORMATS}")
     path = Path(path)
-    config = _finite(dict(config))
+    config = strict_json(dict(config))
     ShardingPlan.from_config(config, where=f"plan for {path}")
     text = _dumps(config) + "\n" if format == "json" else partition_rules_source(config)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,25 +196,9 @@ def _pairs_source(name: str, leaves: Sequence[Mapping[str, Any]]) -> list[str]:
         pattern = "^" + re.escape(leaf["path"]) + "$"
         literal = (f'r"{pattern}"' if pattern.isprintable() and '"' not in pattern
                    else repr(pattern))
-        out.append(f"    ({literal}, {spec_source(leaf['spec'])}),")
+        out.append(f"    ({literal}, {_spec.spec_source(leaf['spec'])}),")
     out.append("]")
     return out
-
-
-def spec_source(spec_json: Sequence[Any]) -> str:
-    """A spec's JSON form as Python source: `[null, "tp"]` → `P(None, "tp")`."""
-    entries = []
-    for entry in spec_json:
-        if entry is None:
-            entries.append("None")
-        elif entry == "<unconstrained>":
-            entries.append("P.UNCONSTRAINED")
-        elif isinstance(entry, str):
-            entries.append(json.dumps(entry))
-        else:
-            names = ", ".join(json.dumps(a) for a in entry)
-            entries.append(f"({names},)" if len(entry) == 1 else f"({names})")
-    return f"P({', '.join(entries)})"
 
 
 def _leaf_json(tree: Any, specs: Any) -> list[dict[str, Any]]:
@@ -228,12 +213,12 @@ def _batch_spec_json(rule: ShardingRule) -> list[Any] | None:
     return None
 
 
-def _finite(data: Any) -> Any:
+def strict_json(data: Any) -> Any:
     """NaN and infinities as null, so the file is strict JSON."""
     if isinstance(data, float) and not math.isfinite(data):
         return None
     if isinstance(data, dict):
-        return {k: _finite(v) for k, v in data.items()}
+        return {k: strict_json(v) for k, v in data.items()}
     if isinstance(data, list | tuple):
-        return [_finite(v) for v in data]
+        return [strict_json(v) for v in data]
     return data

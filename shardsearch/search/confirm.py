@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,19 +87,20 @@ def retime(
     for label, specs, *own in finalists:
         c = own[0] if own else ctx
         compiled, _ = _evaluate.compile_step(specs, c)
-        state, *batch = _evaluate.place(specs, c)
+        args = tuple(_evaluate.place(specs, c))
         for _ in range(c.warmup):
-            state, _m = jax.block_until_ready(compiled(state, *batch))
-        runners.append([label, compiled, state, batch, []])
+            result, _metrics = compiled.monitored(*args)
+            args = _evaluate.next_step(result, args)
+        runners.append([label, compiled.monitored, args, []])
     for _ in range(rounds):
         for runner in runners:
-            _label, compiled, state, batch, times = runner
-            start = time.perf_counter()
-            runner[2], _m = jax.block_until_ready(compiled(state, *batch))
-            times.append(time.perf_counter() - start)
+            _label, monitored, args, times = runner
+            result, metrics = monitored(*args)
+            runner[2] = _evaluate.next_step(result, args)
+            times.append(metrics["execution_time"])
     return {
         label: Timing(label, tuple(times), statistics.median(times), median_ci(times))
-        for label, _c, _s, _b, times in runners
+        for label, _m, _a, times in runners
     }
 
 
@@ -117,7 +117,8 @@ def compare_outputs(
     outputs = []
     for s in (specs, reference_specs):
         compiled, _ = _evaluate.compile_step(s, ctx)
-        outputs.append(jax.device_get(compiled(*_evaluate.place(s, ctx))))
+        result, _metrics = compiled.monitored(*_evaluate.place(s, ctx))
+        outputs.append(jax.device_get(result))
     (state, metrics), (ref_state, ref_metrics) = outputs
     match = True
     for got, want in zip(jax.tree.leaves(metrics), jax.tree.leaves(ref_metrics), strict=True):

@@ -18,9 +18,12 @@ import optuna
 
 from ..base import mesh as _mesh
 from ..plan.writer import plan_config, versions
-from ..rules.builtin import rule_from_config
+from ..rules.base import rule_from_config
 from .confirm import median_ci
+from .evaluate import Outcome
+from .objectives import OBJECTIVES
 from .record import TrialRecord, summarize
+from .stages import COMPLETE, stage_label
 
 # Baselines that are reference points rather than plans an expert would write.
 NOT_EXPERT = ("replicated", "default", "search")
@@ -109,7 +112,7 @@ def _gather(source: Any) -> tuple[optuna.Study, list[TrialRecord], dict[str, Any
 
 def _best_record(records: list[TrialRecord], summary: Mapping[str, Any] | None,
                  where: str) -> TrialRecord:
-    complete = [r for r in records if r.outcome.status == "complete"]
+    complete = [r for r in records if r.outcome.status == COMPLETE]
     if not complete:
         raise ValueError(
             f"{where} has no completed trial to export; run more trials or raise the budget")
@@ -192,16 +195,29 @@ def _row(record: TrialRecord, confirmation: Mapping[str, Any],
     if _name(record) in confirmation:
         timing = confirmation[_name(record)]
         median, ci, timed_in = timing["median"], list(timing["ci"]), "confirmation"
-    elif o.status == "complete":
-        median = o.value
-        if objective == "static":
-            timed_in = "estimate"
-        else:
-            ci, timed_in = list(median_ci(o.step_times)), "search"
-    return {"label": record.label, "trial": record.number, "status": o.status,
-            "cut_stage": {1: "check", 2: "compile", 3: "measure"}.get(o.cut_stage),
+    elif o.status == COMPLETE:
+        median, timed_in = o.value, _timed_in(objective, o)
+        if o.step_times:
+            ci = list(median_ci(o.step_times))
+    return {"label": record.label, "trial": record.number, "status": o.status.value,
+            "cut_stage": stage_label(o.cut_stage),
             "reason": o.reason or None, "median_seconds": median, "ci_seconds": ci,
             "timed_in": timed_in, "memory_per_device": dict(sorted(o.memory.items()))}
+
+
+def _timed_in(objective: str | None, outcome: Outcome) -> str:
+    """Where a completed trial's number came from: the objective's `timed_in`.
+
+    A study records its objective by name; one this process has not
+    registered (a user's objective, run elsewhere) is judged by the outcome
+    itself: timed repeats mean "search", none "estimate". Studies from before
+    objectives were recorded were measured.
+    """
+    if objective is None:
+        return "search"
+    if objective in OBJECTIVES:
+        return OBJECTIVES[objective].timed_in
+    return "search" if outcome.step_times else "estimate"
 
 
 def _ratio(reference: float | None, value: float | None) -> float | None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import optuna
 
-from .evaluate import STAGES as CUT_STAGES
 from .evaluate import Outcome
+from .stages import COMPLETE, FAILED, Stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,16 +50,22 @@ class TrialRecord:
 
 
 def summarize(records: list[TrialRecord]) -> dict[str, int]:
-    """Counts trials by outcome: completed, cut at each stage, failed, cache hits."""
-    out = {"trials": len(records), "completed": 0, "cut_check": 0, "cut_compile": 0,
-           "cut_measure": 0, "failed": 0, "cache_hits": 0}
+    """Counts trials by outcome: completed, cut at each stage, failed, cache hits.
+
+    Example:
+      >>> summarize(records)
+      {"trials": 9, "completed": 5, "cut_check": 2, "cut_compile": 1, "cut_measure": 1,
+       "failed": 0, "cache_hits": 1}
+    """
+    out = {"trials": len(records), "completed": 0,
+           **{stage.summary_key: 0 for stage in Stage}, "failed": 0, "cache_hits": 0}
     for record in records:
         o = record.outcome
         out["cache_hits"] += bool(o.cache_hit)
-        if o.status == "complete":
+        if o.status == COMPLETE:
             out["completed"] += 1
-        elif o.status == "failed":
+        elif o.status == FAILED:
             out["failed"] += 1
         else:
-            out[f"cut_{CUT_STAGES[o.cut_stage]}"] += 1
+            out[o.cut_stage.summary_key] += 1
     return out

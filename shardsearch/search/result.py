@@ -11,7 +11,7 @@ import optuna
 from ..base import spec as _spec
 from ..base.tree import leaf_specs
 from ..plan.writer import write_config
-from ..rules.builtin import ShardingRule
+from ..rules.base import ShardingRule
 from .confirm import Timing
 from .export import export_config
 from .record import TrialRecord, summarize
@@ -32,13 +32,15 @@ class OptimizeResult:
       baselines: baseline name → its median seconds measured in this study.
       confirmation: label → `Timing` from the interleaved re-timing.
       verdict: "faster" (significantly faster than the runner-up), "tie", or
-        "unconfirmed" (no re-timing: static objective or a single finalist).
+        "unconfirmed" (no re-timing: an objective that does not confirm, such
+        as "static", or a single finalist).
       outputs_match: the winner's step computes the replicated plan's metrics
         to relative 1e-5 (None when not checked); `max_relative_error` says how
         close all outputs came.
       trials: one `TrialRecord` per trial, in order.
       study: the Optuna study.
-      objective, budget, mesh_axes: how the search was set up.
+      objective, budget, mesh_axes: how the search was set up (the objective
+        by name, as the study stores it).
       compiles: how many compiles this call ran.
     """
 

@@ -41,7 +41,9 @@ from jax.sharding import PartitionSpec as P
 from ..base import mesh as _mesh
 from ..base import tree as _tree
 from ..base.analyzer import ShardingAnalyzer
-from ..rules.builtin import AutoShardingRule, CompositeShardingRule, PathShardingRule
+from ..rules.auto import AutoShardingRule
+from ..rules.composite import CompositeShardingRule
+from ..rules.patterns import PathShardingRule
 from ._plans import ROLES, ExpertPlans, MeshRoles, Plan, PlanNotApplicable
 from ._workload import Workload
 

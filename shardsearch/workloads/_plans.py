@@ -9,7 +9,8 @@ from jax.sharding import PartitionSpec as P
 
 from ..base import spec as _spec
 from ..base.analyzer import ShardingAnalyzer
-from ..rules.builtin import BatchShardingRule, ShardingRule
+from ..rules.base import ShardingRule
+from ..rules.batch import BatchShardingRule
 
 ROLES = ("data", "fsdp", "tensor", "expert")
 

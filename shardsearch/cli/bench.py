@@ -1,0 +1,103 @@
+"""`shardsearch bench`: run a benchmark suite, entry by entry, and write its report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .._version import __version__
+from .args import Command, UsageError, WorkFailed, positive_int, usage
+
+# The suites shipped in shardsearch/bench/suites/, named in --help without
+# importing the benchmark code (a test checks the list against the files).
+BUILTIN_SUITES = ("cpu-sim8", "cpu-static64", "gpu-1", "gpu-8", "tpu-v5e-8")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", required=True, metavar="NAME|FILE",
+                   help=f"a suite shipped with shardsearch ({', '.join(BUILTIN_SUITES)}), a "
+                        "name looked up in --suites-dir, or a path to a suite file")
+    p.add_argument("--suites-dir", metavar="DIR",
+                   help="look suite names up in DIR (its <name>.json files) instead of the "
+                        "suites shipped with shardsearch")
+    p.add_argument("--out", default="benchmarks/results", metavar="DIR",
+                   help="results go to DIR/<suite>/, relative to the current folder (default "
+                        "benchmarks/results)")
+    p.add_argument("--rules", default="rules", metavar="DIR",
+                   help="winners are exported to DIR/<suite>/<entry>.json, relative to the "
+                        "current folder (default rules)")
+    p.add_argument("--entries", metavar="ID,ID",
+                   help="run only these entries (default all; see --list)")
+    p.add_argument("--devices", type=positive_int, metavar="N",
+                   help="simulate N CPU devices (default: the suite's count when it "
+                        "simulates its devices)")
+    p.add_argument("--force", action="store_true",
+                   help="rerun entries that already have a result (their studies resume)")
+    p.add_argument("--list", action="store_true", help="list the suite's entries and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar during searches")
+    quick = p.add_argument_group("overrides for quick checks (recorded in each entry)")
+    quick.add_argument("--trials", type=positive_int, metavar="N",
+                       help="trials per entry instead of the suite's")
+    quick.add_argument("--repeats", type=positive_int, metavar="N",
+                       help="timed steps per candidate in the search")
+    quick.add_argument("--rounds", type=positive_int, metavar="N",
+                       help="interleaved rounds of the comparison run")
+
+
+def run(a: argparse.Namespace) -> int:
+    from ..bench.runner import run_suite
+    from ..bench.suite import load_suite, prepare_devices
+
+    if a.suites_dir is not None and not Path(a.suites_dir).is_dir():
+        where = "" if Path(a.suites_dir).is_absolute() else f" (in {Path.cwd()})"
+        raise UsageError(f"--suites-dir {a.suites_dir}{where}: no such folder; give a folder "
+                         "of <name>.json suite files")
+    suite = usage(load_suite, a.suite, a.suites_dir)
+    ids = [i.strip() for i in a.entries.split(",") if i.strip()] if a.entries else None
+    selected = usage(suite.select, ids)
+    if a.list:
+        for e in suite.entries:
+            limit = " ".join(x for x in (f"{e.trials} trials" if e.trials else "",
+                                         f"{e.timeout:g} s" if e.timeout else "") if x)
+            print(f"{e.id}: {e.workload_name} on {e.mesh}, {e.objective}, {limit}, budget "
+                  f"{e.budget or 'none'}")
+        return 0
+    # Before anything asks JAX for devices: the count is fixed at backend start.
+    usage(prepare_devices, suite, a.devices)
+    command = command_line(a)
+    print(f"shardsearch {__version__}: suite {suite.name} ({suite.path}), {len(selected)} "
+          f"entries, results in {Path(a.out) / suite.name}", flush=True)
+    done = run_suite(suite, out=a.out, rules_dir=a.rules, entries=ids, force=a.force,
+                     trials=a.trials, repeats=a.repeats, rounds=a.rounds, quiet=a.quiet,
+                     command=command, log=lambda line: print(line, flush=True))
+    for note in done.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {done.folder / 'results.md'}: {len(done.finished)} entries run, "
+          f"{len(done.skipped)} already done, {len(done.failed)} failed")
+    if done.failed:
+        raise WorkFailed(f"{len(done.failed)} entries failed ({', '.join(done.failed)}); "
+                         "the same command retries them")
+    return 0
+
+
+def command_line(a: argparse.Namespace) -> str:
+    """The command line that repeats this run, for machine.json.
+
+    Example: `shardsearch bench --suite cpu-sim8 --entries mlp-small-dp8 --force`.
+    """
+    import shlex
+
+    parts = ["shardsearch", "bench", "--suite", a.suite]
+    for flag in ("suites_dir", "out", "rules", "entries", "devices", "trials", "repeats",
+                 "rounds"):
+        value = getattr(a, flag)
+        if value is not None:
+            parts += [f"--{flag.replace('_', '-')}", str(value)]
+    parts += [f"--{f}" for f in ("force", "quiet") if getattr(a, f)]
+    return shlex.join(parts)
+
+
+COMMAND = Command("bench",
+                  "run a benchmark suite: search each entry, compare with every expert plan",
+                  add_arguments, run)

@@ -1,0 +1,158 @@
+"""`shardsearch optimize`: search a workload's sharding on a mesh and write its plan."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..search.objectives import OBJECTIVES
+from .args import (
+    Command,
+    UsageError,
+    WorkFailed,
+    add_storage,
+    count,
+    positive_float,
+    positive_int,
+    usage,
+    workload,
+)
+from .render import axes, axes_of, redact, results_table
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", required=True, metavar="NAME",
+                   help="a built-in workload (gpt:small, llama:tiny, mlp:tiny, ...) or a "
+                        "factory 'package.module:function' returning a Workload")
+    p.add_argument("--mesh", required=True, metavar="AXES",
+                   help="mesh axes as name=size pairs, e.g. dp=2,tp=4 (one size may be -1: "
+                        "the remaining devices)")
+    p.add_argument("--devices", type=positive_int, metavar="N",
+                   help="simulate N CPU devices (for trying meshes this machine lacks)")
+    p.add_argument("--trials", type=count, default=40, metavar="N",
+                   help="trials to run, the baselines included (default 40)")
+    p.add_argument("--timeout", type=positive_float, metavar="S",
+                   help="stop starting trials after S seconds")
+    p.add_argument("--budget", metavar="BYTES",
+                   help="per-device memory budget, e.g. 16GiB (default: the device's memory "
+                        "where JAX reports it, else none)")
+    p.add_argument("--objective", choices=tuple(OBJECTIVES), default="measured",
+                   help="measured: median step time on the mesh (default); static: estimated "
+                        "from the compiled program, nothing runs")
+    add_storage(p)
+    p.add_argument("--study", metavar="NAME",
+                   help="study name (default from workload, mesh, objective and shapes); the "
+                        "same name and storage resume a study")
+    p.add_argument("--seed", type=count, default=0, metavar="N",
+                   help="sampler seed (default 0)")
+    p.add_argument("--out", metavar="FILE",
+                   help="plan file to write (default ./shardsearch-<workload>-<mesh>.json)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--compile-cache", default=".shardsearch/jax-cache", metavar="DIR",
+                   help="JAX's persistent compilation cache, so a resumed study compiles "
+                        "from disk (default: %(default)s)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="leave JAX's compilation cache settings alone")
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--warmup", type=count, default=2, metavar="N",
+                        help="untimed steps per candidate (default 2)")
+    timing.add_argument("--repeats", type=positive_int, default=7, metavar="N",
+                        help="timed steps per candidate (default 7)")
+    timing.add_argument("--confirm-rounds", type=count, default=10, metavar="N",
+                        help="interleaved re-timing rounds of the finalists (default 10; 0 "
+                             "skips)")
+
+
+def run(a: argparse.Namespace) -> int:
+    # Before anything asks JAX for devices: the count is fixed at backend start.
+    if a.devices is not None:
+        simulate_devices(a.devices)
+    from ..base.mesh import parse_mesh
+    from ..base.units import parse_bytes
+    from ..plan.writer import write_config
+    from ..search.export import export_config
+    from ..search.loop import optimize
+    from ..search.storage import default_storage
+
+    dims, names = usage(parse_mesh, a.mesh)
+    budget = usage(parse_bytes, a.budget) if a.budget is not None else None
+    chosen = workload(a.workload)
+    mesh = make_mesh(dims, names)
+    out = Path(a.out or f"shardsearch-{slug(chosen.name)}-{slug(axes(mesh))}.json")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name")
+    storage = a.storage or default_storage()
+    n = mesh.devices.size
+    print(f"shardsearch {__version__}: {chosen.name} on mesh {axes(mesh)} ({n} "
+          f"{mesh.devices.flat[0].platform} devices), {a.trials} trials, objective "
+          f"{a.objective}", flush=True)
+    try:
+        result = optimize(
+            chosen, mesh=mesh, n_trials=a.trials, timeout=a.timeout, memory_budget=budget,
+            objective=a.objective, storage=storage, study_name=a.study, seed=a.seed,
+            warmup=a.warmup, repeats=a.repeats, confirm_rounds=a.confirm_rounds,
+            compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet)
+    except ValueError as err:  # optimize checks its inputs before any trial
+        raise UsageError(str(err)) from None
+    except (RecursionError, NotImplementedError):
+        raise  # bugs, not failed work: keep their traceback
+    except RuntimeError as err:  # no candidate completed; XLA failing on the devices
+        raise WorkFailed(str(err)) from None
+    config = export_config(result, workload=chosen)
+    try:
+        written = write_config(config, out)
+    except OSError as err:
+        raise WorkFailed(
+            f"the search finished but {out} could not be written ({err}); export it with "
+            f"`shardsearch export --study '{result.study.study_name}' --storage "
+            f"'{redact(storage)}' --out FILE`") from None
+    print(results_table(config))
+    print(f"study: {result.study.study_name!r} in {redact(storage)} (the same command "
+          "resumes it)")
+    print(f"wrote {written}")
+    return 0
+
+
+def simulate_devices(n: int) -> None:
+    """Makes JAX start with `n` simulated CPU devices; too late is a usage error."""
+    import jax
+
+    from ..base.mesh import use_cpu_devices
+
+    # Simulated devices are CPU devices: keep an accelerator from becoming the default.
+    jax.config.update("jax_platforms", "cpu")
+    try:
+        use_cpu_devices(n)
+    except (RuntimeError, ValueError) as err:
+        raise UsageError(str(err)) from None
+
+
+def make_mesh(dims: Sequence[int], names: Sequence[str]) -> Any:
+    """The mesh on JAX's first devices; more devices than there are is a usage error."""
+    import jax
+
+    from ..base.mesh import create_mesh
+
+    devices = jax.devices()
+    if -1 not in dims and math.prod(dims) < len(devices):
+        devices = devices[:math.prod(dims)]  # a smaller mesh runs on the first devices
+    if -1 not in dims and math.prod(dims) > len(devices):
+        raise UsageError(
+            f"mesh {axes_of(dims, names)} needs {math.prod(dims)} devices but there are "
+            f"{len(devices)}; shrink the mesh or simulate more with --devices "
+            f"{math.prod(dims)}")
+    return usage(create_mesh, dims, names, devices)
+
+
+def slug(text: str) -> str:
+    """Text fit for a file name: "dp=2,tp=4" → "dp2-tp4", "mlp:tiny" → "mlp-tiny"."""
+    return re.sub(r"[^A-Za-z0-9._]+", "-", text.replace("=", "")).strip("-")
+
+
+COMMAND = Command("optimize", "search for the fastest sharding of a workload and write its plan",
+                  add_arguments, run)

@@ -1,0 +1,152 @@
+"""The end of a search: re-time the finalists interleaved, pick the winner, check it.
+
+The values the search recorded were measured minutes apart; the finalists
+(the best distinct plans and every baseline near them) are timed again side
+by side, and `pick_winner` decides with paired tests. The winner's outputs
+are then compared with the replicated plan's.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from ..base import mesh as _mesh
+from ..rules.base import rule_from_config
+from . import confirm as _confirm
+from . import evaluate as _evaluate
+from .candidate import Candidate
+from .context import baseline_candidates
+from .evaluate import Context
+from .record import TrialRecord
+from .result import OptimizeResult
+from .stages import COMPLETE
+
+# Baselines whose search time is within this factor of the best are re-timed
+# with the finalists.
+CONFIRM_WITHIN = 1.5
+
+
+def finish(runner: Any, workload: Any, mesh: Any, rounds: int) -> OptimizeResult:
+    """The search's result from the runner's records (`search.loop`): the
+    finalists re-timed in `rounds` interleaved rounds when the objective
+    confirms, the winner picked, its outputs checked against replicated.
+
+    Raises:
+      RuntimeError: no candidate completed.
+    """
+    ctx, records = runner.ctx, runner.records
+    complete = [r for r in records if r.outcome.status == COMPLETE]
+    if not complete:
+        raise RuntimeError(
+            f"no candidate completed in study {runner.study.study_name!r}: "
+            + "; ".join(sorted({r.outcome.reason for r in records})[:3])
+            + " — raise the budget, n_trials or compile_timeout")
+    by_fp: dict[str, TrialRecord] = {}
+    for r in sorted(complete, key=lambda r: r.outcome.value):
+        by_fp.setdefault(r.outcome.fingerprint, r)
+    baselines: dict[str, float] = {}
+    for r in complete:
+        if r.label != "search":
+            baselines.setdefault(r.label, r.outcome.value)
+    ranked = list(by_fp.values())
+    finalists = ranked[:3]
+    base_records = sorted((r for r in complete if r.label != "search"),
+                          key=lambda r: r.outcome.value)
+    # The best baseline and every other one close to the best time: values
+    # from the search were measured minutes apart, and a plan 20% behind
+    # there can come out ahead when timed side by side.
+    seen = {f.outcome.fingerprint for f in finalists}
+    for i, r in enumerate(base_records):
+        if r.outcome.fingerprint not in seen and (
+                i == 0 or r.outcome.value <= ranked[0].outcome.value * CONFIRM_WITHIN):
+            finalists.append(r)
+            seen.add(r.outcome.fingerprint)
+    for r in finalists:
+        runner.specs.setdefault(r.outcome.fingerprint, _respecs(r, mesh, ctx))
+    confirmation: dict[str, Any] = {}
+    verdict = "unconfirmed"
+    winner = finalists[0]
+    if ctx.objective.confirms and rounds > 0 and len(finalists) > 1:
+        labelled = [(_name(r), runner.specs[r.outcome.fingerprint]) for r in finalists]
+        confirmation = _confirm.retime(labelled, ctx, rounds)
+        base_fps = {r.outcome.fingerprint for r in base_records}
+        winner, verdict = pick_winner(
+            [(r, confirmation[_name(r)].times, r.outcome.fingerprint in base_fps,
+              r.outcome.memory.get("total")) for r in finalists])
+    best_specs = runner.specs[winner.outcome.fingerprint]
+    outputs_match = worst = None
+    if ctx.objective.confirms:
+        reference = _evaluate.resolve(baseline_candidates(None, mesh)["replicated"], ctx)[0]
+        outputs_match, worst = _confirm.compare_outputs(best_specs, reference, ctx)
+    best_time = (confirmation[_name(winner)].median if confirmation else winner.outcome.value)
+    return OptimizeResult(
+        best_rule=rule_from_config(winner.state_rule, mesh),
+        best_batch_rule=rule_from_config(winner.batch_rule, mesh),
+        best_label=winner.label, best_specs=best_specs, best_time=best_time,
+        baselines=baselines, confirmation=confirmation, verdict=verdict,
+        outputs_match=outputs_match, max_relative_error=worst, trials=records,
+        study=runner.study, objective=ctx.objective.name, budget=ctx.budget,
+        mesh_axes=_mesh.axis_sizes(mesh), compiles=ctx.compiles)
+
+
+def pick_winner(
+    finalists: Sequence[tuple[Any, Sequence[float], bool] | tuple[Any, Sequence[float], bool,
+                                                                  int | None]],
+) -> tuple[Any, str]:
+    """The winner of the interleaved re-timing, and its verdict.
+
+    Args:
+      finalists: `(item, paired times, is_baseline[, bytes per device])`; at
+        least two, each with the same number of rounds.
+
+    The fastest median wins, except that
+
+    - a searched plan must be significantly faster (one-sided paired
+      Wilcoxon, at 5% divided by the number of searched finalists) than the
+      fastest baseline among the finalists to take its place: picking the
+      lowest of a few noisy medians favours whichever got lucky, and on a tie
+      the plan a person already knows is the better answer;
+    - when the winner is a baseline, the baselines it is not significantly
+      faster than tie with it, and of those the one with the smallest
+      per-device memory wins (unknown memory counts as largest): the same
+      speed with more headroom, and a choice that does not flip between two
+      runs with the noise (data parallel against FSDP on a simulated mesh).
+
+    Verdict: "faster" when the winner is significantly faster than the
+    fastest of the others, else "tie".
+    """
+    order = sorted(finalists, key=lambda f: statistics.median(f[1]))
+    winner = order[0]
+    base = next((f for f in order if f[2]), None)
+    searched = sum(not f[2] for f in finalists)
+    # The fastest of several searched plans is tested, so the level is split
+    # among them (Bonferroni): the best of three noisy medians beats a
+    # baseline at 5% far more often than one plan that is no faster does.
+    if not winner[2] and base is not None and not _confirm.faster_than(
+            winner[1], base[1], alpha=_confirm.ALPHA / searched):
+        winner = base
+    if winner[2]:
+        tied = [f for f in order if f[2] and (f is winner or not _confirm.faster_than(
+            winner[1], f[1]))]
+        winner = min(tied, key=_footprint)  # stable: the faster on equal memory
+    runner_up = next(f for f in order if f is not winner)
+    return winner[0], "faster" if _confirm.faster_than(winner[1], runner_up[1]) else "tie"
+
+
+def _footprint(finalist: tuple[Any, ...]) -> float:
+    memory = finalist[3] if len(finalist) > 3 else None
+    return math.inf if memory is None else memory
+
+
+def _name(record: TrialRecord) -> str:
+    return record.label if record.label != "search" else f"trial {record.number}"
+
+
+def _respecs(record: TrialRecord, mesh: Any, ctx: Context) -> tuple[Any, ...]:
+    """Spec trees of a stored trial (a resumed study has only its rules)."""
+    candidate = Candidate(rule_from_config(record.state_rule, mesh),
+                          rule_from_config(record.batch_rule, mesh), record.label)
+    return candidate.specs(ctx.abstract_args)
