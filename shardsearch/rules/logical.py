@@ -1,0 +1,496 @@
+"""The `logical` rule: logical axes (per leaf, a name per dim) mapped onto mesh axes.
+
+A `LogicalAxisRule` holds a table of leaves (path, shape, one logical axis
+name per dim, from `logical.discover`) and an assignment `logical name →
+mesh axes`. It applies to any argument tree, state and batch alike, so one
+assignment shards both consistently, the way flax's and MaxText's
+`logical_axis_rules` do:
+
+    rule = LogicalAxisRule(mesh, axes, {"heads": "tp", "mlp": "tp", "batch": "dp"})
+    rule.apply(state)  # wq [64, 64] (embed, heads) → P(None, 'tp')
+
+The file form flax and MaxText users know (`[logical_name, mesh_axes or
+null]` pairs plus each parameter's logical names) is written by
+`logical_axis_rules_json` and read back by `rule_from_logical_axis_rules`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from jax.sharding import PartitionSpec as P
+
+from ..base import mesh as _mesh
+from ..base import spec as _spec
+from ..base import tree as _tree
+from ..logical.axes import LeafAxes, LogicalAxes, LogicalAxis
+from .axes import AxisEntry
+from .base import ShardingRule
+
+FORMAT = "logical-axis-rules"
+FORMAT_VERSION = 1
+# What an unknown leaf gets (flax's `RulesFallback` names the same choice).
+FALLBACK = "replicate"
+_INDEX = re.compile(r"^[0-9]+$")
+
+
+def generalize(path: str) -> str:
+    """The path with every numeric part replaced by `*`, so that the leaves of a
+    deeper model of the same architecture match: `params/layers/3/attn/wq` →
+    `params/layers/*/attn/wq`."""
+    return "/".join("*" if _INDEX.match(part) else part for part in path.split("/"))
+
+
+def normalise_entry(entry: Any, where: str) -> AxisEntry | None:
+    """One assignment value checked and frozen: None, a name, or a group of names.
+
+    Example: `["dp", "tp"]` → `("dp", "tp")`; `("tp",)` → `"tp"`; `()` → None.
+
+    Raises:
+      TypeError: not None, a string or a sequence of strings.
+      ValueError: a mesh axis listed twice in one group.
+    """
+    if entry is None or isinstance(entry, str):
+        if isinstance(entry, str) and not entry:
+            raise TypeError(f"{where}: an empty string names no mesh axis; use None")
+        return entry
+    if not isinstance(entry, list | tuple) or not all(isinstance(a, str) and a for a in entry):
+        raise TypeError(f"{where}: {entry!r} must be None, a mesh axis name or a tuple of "
+                        "mesh axis names")
+    group = tuple(entry)
+    twice = [a for i, a in enumerate(group) if a in group[:i]]
+    if twice:
+        raise ValueError(f"{where}: mesh axis {twice[0]!r} is listed twice in {group!r}")
+    if not group:
+        return None
+    return group[0] if len(group) == 1 else group
+
+
+def entry_to_json(entry: AxisEntry | None) -> Any:
+    """`None` → null, `"tp"` → `"tp"`, `("dp", "tp")` → `["dp", "tp"]`."""
+    return list(entry) if isinstance(entry, tuple) else entry
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafExplanation:
+    """Why one leaf got its spec.
+
+    Attributes:
+      path: the leaf's `/`-joined path.
+      shape: its shape (None for a non-array).
+      names: its logical axis per dim, or None when the rule does not know it.
+      spec: the spec the rule gives it.
+      source: where the decision came from: `"exact"` (the recorded leaf),
+        `"matched <path>"` (a table entry with its layer indices as `*`),
+        or the fallback for a leaf the rule does not know.
+      notes: for every dim whose logical axis is assigned but that stays
+        unsharded, why; plus notes on the match (a resized leaf).
+
+    Example: `LeafExplanation("params/layers/0/attn/wk", (64, 32), ("embed",
+    "kv_heads"), P(), "exact", ("dim 1 (kv_heads, size 32): 'tp' (size 4) not
+    used: logical axis 'kv_heads' has 2 units, not divisible by 4",))`.
+    """
+
+    path: str
+    shape: tuple[int, ...] | None
+    names: tuple[str | None, ...] | None
+    spec: P
+    source: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class LogicalAxisRule(ShardingRule):
+    """Shards every leaf by its logical axes and a logical → mesh assignment.
+
+    Leaves are looked up in the table of `axes` by path: the exact path
+    first (the same shape preferred, then the same rank), then the path with
+    its numeric parts as `*` (`generalize`), so a deeper model of the same
+    architecture is covered. A leaf the table does not know (or knows with
+    another rank) stays replicated (`FALLBACK`), and `explain` says so.
+
+    Per leaf, dims are visited larger first, ties by dim index; with every
+    axis on all mesh axes this is FSDP's "largest divisible dim" choice. A
+    dim takes its logical axis's mesh entry only if
+      - no earlier dim of the leaf used any of those mesh axes,
+      - the dim size is divisible by the entry's size, and
+      - when the leaf has its recorded shape, the logical axis's size (its
+        units: heads, not heads × head_dim) is divisible too, so whole
+        heads stay on each device; a resized leaf (another model size) is
+        checked on its dim size only, its units being unknown;
+    otherwise it stays unsharded and `explain` gives the reason. The rule
+    never produces a spec that does not divide its dim.
+
+    Example: with `wq` recorded as `(embed, heads)`, shape `[64, 64]`, heads
+    of size 4, on mesh `{'dp': 2, 'tp': 4}`: `{"heads": "tp"}` gives
+    `P(None, 'tp')`; `{"heads": ("dp", "tp")}` gives `P()` (4 heads do not
+    split 8 ways), and `explain` says why.
+
+    Args:
+      mesh: a Mesh or AbstractMesh; None means the in-context mesh at apply.
+        The assignment's mesh axes are checked against it when applied.
+      axes: the logical axes (`logical.axes.LogicalAxes`); kept compact: the
+        leaves of one argument sharing a generalized path, shape and names
+        are held once, under the generalized path. Discovery notes (merges,
+        unhandled primitives) are not part of the rule.
+      assignment: logical axis name → a mesh axis, a tuple of mesh axes
+        (acting as one axis of their product size), or None; a mapping or
+        `(name, entry)` pairs. Names must be among `axes`; unnamed axes are
+        unassigned.
+    """
+
+    mesh: _mesh.AnyMesh | None
+    axes: LogicalAxes
+    assignment: tuple[tuple[str, AxisEntry], ...] = ()
+    kind: ClassVar[str] = "logical"
+
+    def __init__(self, mesh: _mesh.AnyMesh | None, axes: LogicalAxes,
+                 assignment: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()) -> None:
+        where = "LogicalAxisRule"
+        if not isinstance(axes, LogicalAxes):
+            raise TypeError(f"{where}: axes must be a LogicalAxes (from "
+                            f"discover_logical_axes), got {type(axes).__name__}")
+        pairs = assignment.items() if isinstance(assignment, Mapping) else assignment
+        given: dict[str, AxisEntry | None] = {}
+        for item in pairs:
+            if not isinstance(item, tuple | list) or len(item) != 2:
+                raise TypeError(f"{where}: assignment item {item!r} is not a (logical name, "
+                                "mesh axes) pair")
+            name, entry = item
+            if name in given:
+                raise ValueError(f"{where}: logical axis {name!r} is assigned twice")
+            given[name] = normalise_entry(entry, f"{where}: assignment[{name!r}]")
+        known = [a.name for a in axes.axes]
+        unknown = [n for n in given if n not in known]
+        if unknown:
+            raise ValueError(f"{where}: assignment names logical axis {unknown[0]!r}, which "
+                             f"is not among the axes {tuple(known)}; fix the name")
+        # Axis order, Nones dropped: one spelling per meaning, so equal
+        # assignments give equal configs.
+        ordered = tuple((n, given[n]) for n in known if given.get(n) is not None)
+        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "axes", compact(axes))
+        object.__setattr__(self, "assignment", ordered)
+
+    @property
+    def mapping(self) -> dict[str, AxisEntry]:
+        """The assignment as a dict (assigned axes only, in axis order)."""
+        return dict(self.assignment)
+
+    def with_axes(self, axes: LogicalAxes) -> LogicalAxisRule:
+        """The same assignment over another table of logical axes.
+
+        For a resized model, whose leaves the path lookup matches with their
+        units unknown: rediscover its axes and keep the assignment, so heads
+        are counted again. Assigned names the new axes lack are an error.
+
+        Example: `load_rule("tiny.json").with_axes(discover_logical_axes(
+        small.step, small.abstract()))`.
+        """
+        return LogicalAxisRule(self.mesh, axes, self.assignment)
+
+    def apply(self, pytree: Any) -> Any:
+        table = self._table()
+        return _tree.map_with_path(lambda path, leaf: table.spec(path, leaf).spec, pytree)
+
+    def explain(self, pytree: Any) -> list[LeafExplanation]:
+        """Per leaf of `pytree`, in leaf order: its logical names, spec and why.
+
+        Example: for `wk` `(embed, kv_heads)` with 2 KV heads and `{"kv_heads":
+        "tp"}` on tp=4: spec `P()`, note `"dim 1 (kv_heads, size 32): 'tp'
+        (size 4) not used: logical axis 'kv_heads' has 2 units, not divisible
+        by 4"`.
+        """
+        table = self._table()
+        out: list[LeafExplanation] = []
+        _tree.map_with_path(lambda path, leaf: out.append(table.spec(path, leaf)), pytree)
+        return out
+
+    def _table(self) -> _Table:
+        mesh = _mesh.resolve_mesh(self.mesh)
+        sizes = _mesh.axis_sizes(mesh)
+        missing = [(n, a) for n, e in self.assignment for a in _spec.entry_axes(e)
+                   if a not in sizes]
+        if missing:
+            name, axis = missing[0]
+            raise ValueError(
+                f"LogicalAxisRule: logical axis {name!r} is assigned mesh axis {axis!r}, "
+                f"which is not in the mesh, whose axes are {tuple(sizes)}; fix the "
+                "assignment or pass a mesh that has it")
+        return _Table(self.axes, self.mapping, sizes)
+
+    def to_config(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "assignment": [[n, entry_to_json(e)] for n, e in self.assignment],
+            "axes": [[a.name, a.size, a.role] for a in self.axes.axes],
+            "arguments": [[[leaf.path, None if leaf.shape is None else list(leaf.shape),
+                            list(leaf.names)] for leaf in argument]
+                          for argument in self.axes.arguments],
+        }
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], mesh: _mesh.AnyMesh | None, where: str,
+    ) -> LogicalAxisRule:
+        axes = LogicalAxes(
+            tuple(LogicalAxis(n, s, r) for n, s, r in config["axes"]),
+            tuple(tuple(LeafAxes(p, None if s is None else tuple(s), tuple(names))
+                        for p, s, names in argument)
+                  for argument in config["arguments"]))
+        assignment = config["assignment"]
+        if not isinstance(assignment, list):
+            raise TypeError(f"assignment must be a list of [name, mesh axes] pairs, got "
+                            f"{assignment!r}")
+        rule = cls(mesh, axes, [tuple(pair) for pair in assignment])
+        if mesh is not None:
+            rule._table()  # a mesh axis the mesh lacks fails when the config loads
+        return rule
+
+    def describe(self) -> list[str]:
+        """The kind and table size, then one `logical → mesh axes` line per axis.
+
+        Example:
+          >>> LogicalAxisRule(mesh, axes, {"heads": "tp"}).describe()
+          ['logical  3 axes, 2 leaves; unknown leaves: replicate',
+           '   embed  -', '   heads  "tp"', '   mlp    -']
+        """
+        leaves = sum(len(a) for a in self.axes.arguments)
+        mapping = self.mapping
+        width = max((len(a.name) for a in self.axes.axes), default=0)
+        lines = [f"{self.kind}  {len(self.axes.axes)} axes, {leaves} leaves; unknown leaves: "
+                 f"{FALLBACK}"]
+        for axis in self.axes.axes:
+            entry = mapping.get(axis.name)
+            value = "-" if entry is None else json.dumps(entry_to_json(entry))
+            lines.append(f"   {axis.name.ljust(width)}  {value}")
+        return lines
+
+
+def compact(axes: LogicalAxes) -> LogicalAxes:
+    """`axes` with the leaves of each argument that share a generalized path,
+    shape and names held once, under the generalized path (at the first
+    one's position); merges and unhandled notes dropped.
+
+    Example: `params/layers/0/attn/wq` and `params/layers/1/attn/wq`, both
+    `[64, 64]` `(embed, heads)`, become one `params/layers/*/attn/wq` entry;
+    if layer 1's names differed, both would stay as they are.
+    """
+    arguments = []
+    for argument in axes.arguments:
+        groups: dict[str, list[LeafAxes]] = {}
+        for leaf in argument:
+            groups.setdefault(generalize(leaf.path), []).append(leaf)
+        out: list[LeafAxes] = []
+        for general, members in groups.items():
+            first = members[0]
+            if all((m.shape, m.names) == (first.shape, first.names) for m in members):
+                out.append(LeafAxes(general, first.shape, first.names))
+            else:
+                out.extend(members)
+        arguments.append(tuple(out))
+    return LogicalAxes(axes.axes, tuple(arguments))
+
+
+class _Table:
+    """A rule's leaves indexed for lookup, bound to mesh sizes."""
+
+    def __init__(self, axes: LogicalAxes, mapping: dict[str, AxisEntry],
+                 sizes: dict[str, int]) -> None:
+        self.mapping, self.sizes, self.units = mapping, sizes, axes.sizes
+        # path → entries (argument order), generalized path → entries; a
+        # batch argument's bare array and another's can share a path.
+        self.exact: dict[str, list[LeafAxes]] = {}
+        self.general: dict[str, list[LeafAxes]] = {}
+        for argument in axes.arguments:
+            for leaf in argument:
+                if leaf.shape is not None:
+                    self.exact.setdefault(leaf.path, []).append(leaf)
+                    self.general.setdefault(generalize(leaf.path), []).append(leaf)
+
+    def lookup(self, path: str, shape: tuple[int, ...]) -> tuple[LeafAxes | None, str]:
+        """The table entry for a leaf: exact path (same shape first, then same
+        rank), then generalized path (same rank); None when there is none."""
+        exact = [e for e in self.exact.get(path, ()) if len(e.shape or ()) == len(shape)]
+        for entry in exact:
+            if entry.shape == shape:
+                return entry, "exact"
+        if exact:
+            return exact[0], "exact"
+        for entry in self.general.get(generalize(path), ()):
+            if len(entry.shape or ()) == len(shape):
+                return entry, f"matched {entry.path}"
+        return None, f"unknown leaf: {FALLBACK}"
+
+    def spec(self, path: str, leaf: Any) -> LeafExplanation:
+        shape = _tree.leaf_shape(leaf)
+        if not shape:
+            names: tuple[str | None, ...] | None = None if shape is None else ()
+            return LeafExplanation(path, shape, names, P(), "scalar or non-array")
+        entry, source = self.lookup(path, shape)
+        if entry is None:
+            return LeafExplanation(path, shape, None, P(), source,
+                                   ("the rule's table has no leaf of this path and rank; "
+                                    f"it is left replicated ({FALLBACK})",))
+        notes: list[str] = []
+        recorded = entry.shape == shape
+        if not recorded:
+            notes.append(f"resized: recorded as {list(entry.shape or ())}, now {list(shape)}; "
+                         "dims checked on their size only (units unknown)")
+        out: list[AxisEntry | None] = [None] * len(shape)
+        used: dict[str, int] = {}  # mesh axis → the dim that took it
+        for d in sorted(range(len(shape)), key=lambda d: (-shape[d], d)):
+            name = entry.names[d]
+            target = self.mapping.get(name) if name is not None else None
+            if target is None:
+                continue
+            mesh_axes = _spec.entry_axes(target)
+            n = math.prod(self.sizes[a] for a in mesh_axes)
+            what = f"dim {d} ({name}, size {shape[d]}): {_entry_text(target)} (size {n})"
+            taken = [a for a in mesh_axes if a in used]
+            if n == 1:
+                notes.append(f"{what} not used: its mesh axes have size 1")
+            elif taken:
+                other = used[taken[0]]
+                notes.append(f"{what} not used: mesh axis {taken[0]!r} is already used by "
+                             f"dim {other} ({entry.names[other]})")
+            elif shape[d] % n:
+                notes.append(f"{what} not used: {shape[d]} is not divisible by {n}")
+            elif recorded and self.units[name] % n:
+                notes.append(f"{what} not used: logical axis {name!r} has "
+                             f"{self.units[name]} units, not divisible by {n}")
+            else:
+                out[d] = target
+                used.update({a: d for a in mesh_axes})
+        return LeafExplanation(path, shape, entry.names, _spec.canonical(P(*out)), source,
+                               tuple(notes))
+
+
+def _entry_text(entry: AxisEntry) -> str:
+    return repr(entry) if isinstance(entry, str) else repr(tuple(entry))
+
+
+# --------------------------------------------------------------------------- file form
+
+
+def logical_axis_rules_json(
+    rule: LogicalAxisRule, mesh_axes: Mapping[str, int],
+    batch_rule: ShardingRule | None = None,
+) -> dict[str, Any]:
+    """The rule in the form flax and MaxText users know, as JSON-ready data.
+
+    `rules` lists every logical axis as `[logical_name, mesh_axes or null]`
+    (`nn.logical_to_mesh_axes(names, rules)` takes the same pairs); `params`
+    gives each state leaf's logical names (with its shape, so the divisibility
+    of units can be checked on the model it was found on); `batch` the same
+    for the batch arguments when `batch_rule` is logical too.
+
+    Example:
+      {"format": "logical-axis-rules", "version": 1,
+       "mesh": {"axis_names": ["dp", "tp"], "axis_sizes": [2, 4]},
+       "rules": [["batch", "dp"], ["embed", null], ["heads", "tp"]],
+       "axes": [["batch", 8, "batch"], ...],
+       "params": [["params/layers/*/attn/wq", [64, 64], ["embed", "heads"]], ...]}
+
+    Note: flax resolves a leaf's dims in dim order; this rule visits larger
+    dims first (see `LogicalAxisRule`), so load the file with `load_rule` to
+    get exactly the specs the search measured.
+    """
+    config = rule.to_config()
+    mapping = rule.mapping
+    out: dict[str, Any] = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "mesh": {"axis_names": list(mesh_axes), "axis_sizes": list(mesh_axes.values())},
+        "rules": [[a.name, entry_to_json(mapping.get(a.name))] for a in rule.axes.axes],
+        "axes": config["axes"],
+        "params": config["arguments"][0] if config["arguments"] else [],
+    }
+    if isinstance(batch_rule, LogicalAxisRule):
+        out["batch"] = batch_rule.to_config()["arguments"]
+        batch_axes = {a.name: a for a in batch_rule.axes.axes}
+        known = [a[0] for a in out["axes"]]
+        out["axes"] = out["axes"] + [[a.name, a.size, a.role] for n, a in batch_axes.items()
+                                     if n not in known]
+        out["rules"] += [[n, entry_to_json(batch_rule.mapping.get(n))]
+                         for n in batch_axes if n not in known]
+    return out
+
+
+def rule_from_logical_axis_rules(
+    data: Any, mesh: _mesh.AnyMesh | None, where: str,
+) -> tuple[LogicalAxisRule, LogicalAxisRule | None, _mesh.AnyMesh]:
+    """Rebuilds the rules from `logical_axis_rules_json`'s form.
+
+    Args:
+      data: the parsed file.
+      mesh: the mesh to bind the rules to; it must have the file's axis names
+        (sizes may differ). None: an AbstractMesh with the file's axes.
+      where: the file, for error messages.
+
+    Returns:
+      `(state_rule, batch_rule or None, mesh)`.
+
+    Raises:
+      ValueError: naming `where`, for anything malformed or a mesh with other
+        axis names.
+    """
+    fix = f"write it again with `shardsearch export --format {FORMAT}`"
+    try:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"expected an object with \"format\": {FORMAT!r}")
+        version = data.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+            raise ValueError(f"version {version!r} is not one this shardsearch reads "
+                             f"(up to {FORMAT_VERSION}); upgrade shardsearch")
+        names, sizes = data["mesh"]["axis_names"], data["mesh"]["axis_sizes"]
+        if not (isinstance(names, list) and isinstance(sizes, list)
+                and len(names) == len(sizes)):
+            raise TypeError("mesh must have axis_names and axis_sizes, one size per name")
+        recorded = _mesh.abstract_mesh(tuple(sizes), tuple(names))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{where}: malformed {FORMAT} file ({err}); {fix}") from None
+    bound = recorded if mesh is None else _mesh.resolve_mesh(mesh)
+    if tuple(bound.axis_names) != tuple(names):
+        raise ValueError(
+            f"{where}: the rules were found on a mesh with axes {tuple(names)} but the mesh "
+            f"given has axes {tuple(bound.axis_names)}; use those axis names in that order "
+            "(sizes may differ)")
+    try:
+        rules = _pairs(data["rules"], "rules")
+        axes = [list(a) for a in data["axes"]]
+        known = [a[0] for a in axes]
+        unknown = [n for n, _ in rules if n not in known]
+        if unknown:
+            raise ValueError(f"rules name logical axis {unknown[0]!r}, which 'axes' lacks")
+        state = _rule(axes, [data["params"]], rules, bound)
+        batch = None
+        if data.get("batch") is not None:
+            batch = _rule(axes, data["batch"], rules, bound)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{where}: malformed {FORMAT} file ({err}); {fix}") from None
+    return state, batch, bound
+
+
+def _pairs(data: Any, what: str) -> list[tuple[str, Any]]:
+    if not isinstance(data, list) or not all(isinstance(p, list) and len(p) == 2
+                                             for p in data):
+        raise TypeError(f"{what} must be a list of [logical_name, mesh_axes_or_null] pairs")
+    return [(p[0], p[1]) for p in data]
+
+
+def _rule(axes: Sequence[list[Any]], arguments: Sequence[Any],
+          rules: Sequence[tuple[str, Any]], mesh: _mesh.AnyMesh | None) -> LogicalAxisRule:
+    used = {leaf[2][d] for argument in arguments for leaf in argument
+            for d in range(len(leaf[2])) if leaf[2][d] is not None}
+    # Each rule keeps the axes its own leaves carry, so a state rule does not
+    # list the batch's axes (as the search builds them).
+    mine = [a for a in axes if a[0] in used]
+    config = {"kind": LogicalAxisRule.kind, "axes": mine, "arguments": list(arguments),
+              "assignment": [[n, e] for n, e in rules if e is not None and n in used]}
+    return LogicalAxisRule.from_config(config, mesh, "logical-axis-rules")
