@@ -1,0 +1,194 @@
+"""The worker process: evaluates one study's candidates for its study process.
+
+Started by `search.isolate` as `python -c "...worker import main..." READ_FD
+WRITE_FD PAYLOAD`. It sets JAX's options from the payload before its backend
+starts, loads the step (a `jax.export` program, a workload rebuilt by name,
+or an imported function), the host arguments and the study's settings,
+builds the same `Context` the study process would evaluate with, says
+"ready", then serves jobs until told to exit, until its study process goes
+away, or after `isolate.IDLE_EXIT` idle seconds.
+
+Messages (pickled, over two pipes):
+  study → worker: ("evaluate", specs, fp, memory, run, reports),
+    ("nonfinite", specs), ("retime", finalists, rounds),
+    ("compare", specs, reference_specs, rtol), ("prune", bool) answering a
+    report, ("exit",);
+  worker → study: ("ready", pid) or ("failed", reason) once; then per job
+    ("started",), any number of ("event", "compiling" | "running" | "step")
+    and ("report", index, seconds), and last ("done", result, compiles,
+    restart) or ("error", reason, compiles).
+
+Its stdout and stderr are the study's log file for this worker: XLA's lines
+land there, and the study process reads them per job.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the worker; returns its exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    inbox = Connection(int(argv[0]), writable=False)
+    outbox = Connection(int(argv[1]), readable=False)
+    try:
+        payload = pickle.loads(Path(argv[2]).read_bytes())
+        _exit_with_parent(payload.get("leftovers", ()))
+        ctx = _load(payload, outbox)
+    except BaseException as err:  # every failure to start is reported, SystemExit too
+        traceback.print_exc()
+        outbox.send(("failed", f"{type(err).__name__}: {err}".splitlines()[0]))
+        return 1
+    outbox.send(("ready", os.getpid()))
+    return serve(ctx, inbox, outbox)
+
+
+def _exit_with_parent(leftovers: Sequence[str]) -> None:
+    # The worker runs in its own session, so no terminal signal reaches it; a
+    # study process killed with -9 must not leave it running a hung step, nor
+    # its temporary folders behind.
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                for folder in leftovers:
+                    shutil.rmtree(folder, ignore_errors=True)
+                os._exit(0)
+
+    threading.Thread(target=watch, name="shardsearch-parent-watch", daemon=True).start()
+
+
+def _load(payload: dict[str, Any], outbox: Connection) -> Any:
+    """The study's `Context`, built from the payload the study process wrote."""
+    import jax
+
+    for name, value in payload["config"].items():
+        if value is not None:
+            jax.config.update(name, value)
+    # Only now (JAX's backend not started yet) may user modules be imported.
+    body = pickle.loads(payload["body"])
+    import numpy as np
+
+    from .evaluate import Context
+
+    abstract_args = jax.tree.unflatten(
+        body["treedef"], [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in body["avals"]])
+    step = _step(body["program"], abstract_args)
+    ids, grid, names, types = body["mesh"]
+    devices = {d.id: d for d in jax.devices()}
+    missing = [i for i in ids if i not in devices]
+    if missing:
+        raise RuntimeError(f"the worker has no devices {missing} ({len(devices)} devices); "
+                           "check XLA_FLAGS and jax_num_cpu_devices")
+    mesh = jax.sharding.Mesh(np.array([devices[i] for i in ids], dtype=object).reshape(grid),
+                             names, axis_types=types)
+    host_args = None
+    if body["host"] is not None:
+        file, meta = body["host"]
+        with np.load(file) as data:
+            leaves = [data[f"a{i}"].view(np.dtype(dtype)).reshape(shape)
+                      for i, (shape, dtype) in enumerate(meta)]
+        host = jax.tree.unflatten(body["treedef"], leaves)
+
+        def host_args() -> Any:
+            return host
+
+    def progress(event: str) -> None:
+        outbox.send(("event", event))
+
+    return Context(step, abstract_args, mesh, host_args, body["budget"], body["objective"],
+                   body["warmup"], body["repeats"], body["compile_timeout"], body["hardware"],
+                   progress=progress)
+
+
+def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
+    import jax
+
+    from .transport import jaxpr_digest
+
+    kind, data, *digest = program
+    if kind == "export":
+        return jax.export.deserialize(bytearray(data)).call
+    if kind == "function":
+        step = data
+    else:
+        from ..workloads import get_workload
+
+        step = get_workload(data).step
+    if jaxpr_digest(jax.make_jaxpr(step)(*abstract_args)) != digest[0]:
+        raise RuntimeError(
+            f"the step rebuilt in the worker ({data if kind == 'workload' else kind}) traces to "
+            "another program than the study's; give the study a step that `jax.export` can "
+            "export, or one that its name rebuilds exactly")
+    return step
+
+
+def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
+    """Answers jobs until told to exit; an error in a job ends the worker."""
+    from ..base import monitor  # noqa: F401 - loaded before the first job's clock starts
+    from . import confirm as _confirm
+    from . import evaluate as _evaluate
+    from .isolate import IDLE_EXIT
+    from .stages import FAILED
+
+    def reporter() -> Callable[[int, float], bool]:
+        def report(index: int, seconds: float) -> bool:
+            outbox.send(("report", index, seconds))
+            return bool(inbox.recv()[1])
+
+        return report
+
+    def evaluate(specs: Any, fp: str, memory: dict[str, int], run: bool,
+                 reports: bool) -> tuple[Any, bool]:
+        outcome = _evaluate.compile_and_score(specs, fp, ctx, memory,
+                                              reporter() if reports else None, run)
+        # After a raise or a timed-out compile the worker is not to be trusted
+        # with the next candidate; NaN leaves nothing behind.
+        return outcome, (outcome.status == FAILED
+                         and not outcome.reason.startswith(_evaluate.NONFINITE))
+
+    def nonfinite(specs: Any) -> tuple[str | None, bool]:
+        try:
+            return _evaluate.first_steps(specs, ctx), False
+        except Exception:  # the replicated baseline's own trial records it
+            traceback.print_exc()
+            return None, True
+
+    jobs: dict[str, Callable[..., tuple[Any, bool]]] = {
+        "evaluate": evaluate,
+        "nonfinite": nonfinite,
+        "retime": lambda finalists, rounds: (_confirm.retime(finalists, ctx, rounds), False),
+        "compare": lambda specs, reference, rtol: (
+            _confirm.compare_outputs(specs, reference, ctx, rtol), False),
+    }
+    while inbox.poll(IDLE_EXIT):
+        try:
+            kind, *args = inbox.recv()
+        except EOFError:
+            return 0
+        if kind == "exit":
+            return 0
+        outbox.send(("started",))
+        before = ctx.compiles
+        try:
+            result, restart = jobs[kind](*args)
+        except Exception as err:
+            traceback.print_exc()
+            outbox.send(("error", f"{type(err).__name__}: {err}".splitlines()[0],
+                         ctx.compiles - before))
+            return 1
+        outbox.send(("done", result, ctx.compiles - before, restart))
+    return 0
