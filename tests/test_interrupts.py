@@ -1,0 +1,145 @@
+"""Ctrl-C, SIGTERM and kill -9 in the middle of `shardsearch optimize`.
+
+The signal tests run the real command in a subprocess, three times per
+signal on one study: each run must exit with its code (130, 143) and no C++
+abort, its running trial failed as "interrupted", nothing left RUNNING.
+"""
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import shardsearch as ss
+from shardsearch.cli.main import Terminated, handle_signals
+from shardsearch.search.ownership import interrupts_deferred
+from shardsearch.workloads import get_workload
+
+TRIALS = 60  # more than any test lets finish
+COMMAND = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--devices", "8",
+           "--trials", str(TRIALS), "--objective", "static", "--space", "rules",
+           "--study", "sig", "--no-compile-cache", "--confirm-rounds", "0"]
+
+
+def _start(tmp_path, storage, isolate):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    return subprocess.Popen([sys.executable, "-m", "shardsearch", *COMMAND, "--storage",
+                             storage, "--isolate" if isolate else "--no-isolate"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _after_trials(process, n, settle, limit=300.0):
+    """Reads the progress bar (stderr) until it shows `n` trials of this run
+    finished, waits `settle` seconds, so that the next trial is under way
+    (it asks, claims and compiles for far longer); returns what was read."""
+    seen, deadline = b"", time.monotonic() + limit
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stderr], [], [], 1.0)
+        if not ready:
+            continue
+        chunk = os.read(process.stderr.fileno(), 1 << 16)
+        if not chunk:
+            break
+        seen += chunk
+        if max((int(k) for k in re.findall(rb"\| *(\d+)/%d " % TRIALS, seen)), default=0) >= n:
+            time.sleep(settle)
+            return seen
+    process.kill()
+    process.communicate()
+    raise AssertionError(f"no {n} finished trials in time; stderr: {seen[-3000:]!r}")
+
+
+def _trials(storage):
+    return optuna.load_study(study_name="sig", storage=storage).get_trials()
+
+
+def _interrupted(trials):
+    return [t for t in trials
+            if t.state == TrialState.FAIL and t.user_attrs.get("reason") == "interrupted"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated")],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_study_exits_cleanly_every_time(sig, code, word, tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    for run in range(1, 4):
+        # In this process, a compile thread is in XLA when the signal comes (the
+        # C++ abort seen before); isolated, the study process waits on its worker.
+        process = _start(tmp_path, storage, isolate=run == 2)
+        seen = _after_trials(process, 2, settle=0.05)
+        process.send_signal(sig)
+        _, rest = process.communicate(timeout=300)
+        err = (seen + rest).decode(errors="replace")
+        assert process.returncode == code, err[-3000:]
+        assert f"shardsearch optimize: {word}; finished trials are kept in the study, the " \
+               "same command resumes it" in err
+        for crash in ("Traceback", "terminate called", "FATAL", "Aborted"):
+            assert crash not in err, err[-3000:]
+        trials = _trials(storage)
+        table = [(t.number, t.state.name, t.user_attrs.get("label"), t.user_attrs.get("reason"))
+                 for t in trials]
+        assert [t.number for t in trials if t.state == TrialState.RUNNING] == [], (run, table)
+        # This run's trial and each earlier run's; what they finished is kept.
+        assert len(_interrupted(trials)) == run, (run, table, err[-2000:])
+        assert sum(t.state == TrialState.COMPLETE for t in trials) >= 2 * run
+
+
+@pytest.mark.slow
+def test_kill_9_mid_study_then_resume_loses_nothing(tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    process = _start(tmp_path, storage, isolate=False)
+    # Past the moment the trial names its owner (a signal would wait for it; kill -9 cannot).
+    _after_trials(process, 2, settle=0.2)
+    process.kill()
+    process.communicate()  # reaps it: its pid no longer names a process
+    before = _trials(storage)
+    finished = {t.number: t.user_attrs["outcome"] for t in before if t.state.is_finished()}
+    killed = [t.number for t in before if t.state == TrialState.RUNNING]
+    assert len(finished) >= 2 and len(killed) == 1
+
+    result = ss.optimize(get_workload("mlp:tiny"), mesh=ss.create_mesh((2, 4), ("dp", "tp")),
+                         n_trials=1, storage=storage, study_name="sig", objective="static",
+                         space="rules", confirm_rounds=0, quiet=True, isolate=False)
+    after = {t.number: t for t in result.study.get_trials()}
+    assert {n: after[n].user_attrs["outcome"] for n in finished} == finished
+    assert [n for n, t in after.items() if t.state == TrialState.RUNNING] == []
+    assert after[killed[0]].state == TrialState.FAIL
+    assert after[killed[0]].user_attrs["reason"] == "interrupted"
+    assert result.summary()["interrupted"] == 1
+    assert len(result.trials) == len(finished) + 2  # the killed one and this run's
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def test_sigterm_raises_terminated_and_handlers_are_put_back():
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with pytest.raises(Terminated), handle_signals():
+        signal.raise_signal(signal.SIGTERM)
+        time.sleep(5)  # not reached: the handler raises first
+    with pytest.raises(KeyboardInterrupt), handle_signals():
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(5)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    assert issubclass(Terminated, KeyboardInterrupt)  # whatever cleans up after Ctrl-C runs
+
+
+def test_an_interrupt_is_held_until_the_trial_has_its_owner():
+    done = []
+    with pytest.raises(KeyboardInterrupt), handle_signals():
+        with interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)
+            done.append("the block ran to its end")
+        done.append("not reached")
+    assert done == ["the block ran to its end"]
