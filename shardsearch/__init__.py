@@ -20,6 +20,8 @@ from .base.monitor import create_monitored_function as create_monitored_function
 from .base.units import parse_bytes as parse_bytes
 from .cost.hardware import HardwareModel as HardwareModel
 from .cost.program import ProgramCost as ProgramCost
+from .logical.axes import LogicalAxes as LogicalAxes
+from .logical.discover import discover_logical_axes as discover_logical_axes
 from .plan.reader import PlanMismatchWarning as PlanMismatchWarning
 from .plan.reader import ShardingPlan as ShardingPlan
 from .plan.reader import load_plan as load_plan
@@ -33,10 +35,13 @@ from .rules.base import registered_kinds as registered_kinds
 from .rules.base import rule_from_config as rule_from_config
 from .rules.batch import BatchShardingRule as BatchShardingRule
 from .rules.composite import CompositeShardingRule as CompositeShardingRule
+from .rules.explain import explain_rule as explain_rule
+from .rules.logical import LogicalAxisRule as LogicalAxisRule
 from .rules.memory import MemoryConstrainedShardingRule as MemoryConstrainedShardingRule
 from .rules.patterns import PathShardingRule as PathShardingRule
 from .rules.patterns import ShapeBasedShardingRule as ShapeBasedShardingRule
 from .search.candidate import Candidate as Candidate
+from .search.context import baseline_plans as baseline_plans
 from .search.context import make_context as make_context
 from .search.context import make_space as make_space
 from .search.evaluate import Outcome as Outcome
@@ -55,6 +60,8 @@ __all__ = [
     "Candidate",
     "CompositeShardingRule",
     "HardwareModel",
+    "LogicalAxes",
+    "LogicalAxisRule",
     "MemoryConstrainedShardingRule",
     "Objective",
     "OptimizeResult",
@@ -73,8 +80,11 @@ __all__ = [
     "__version__",
     "abstract_mesh",
     "barrier_sync",
+    "baseline_plans",
     "create_mesh",
     "create_monitored_function",
+    "discover_logical_axes",
+    "explain_rule",
     "export_config",
     "get_incontext_mesh",
     "load_plan",

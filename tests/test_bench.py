@@ -59,8 +59,11 @@ def test_every_plan_is_compared_in_one_run(ran):
     _folder, _argv, _out, entries = ran
     record = entries["free"]
     plans = {p["label"]: p for p in record["plans"]}
+    # The suite's entries search both families (the default space), so the
+    # megatron-style plan built from the step's logical axes is timed too.
     assert list(plans) == ["winner", "replicated", "default", "dp", "fsdp", "megatron",
-                           "fsdp_tp", "single_device"]
+                           "fsdp_tp", "logical_megatron", "single_device"]
+    assert plans["winner"]["family"] in ("rules", "logical")
     for plan in plans.values():
         assert plan["fits"] and plan["status"] == "timed"
         assert len(plan["times"]) == 6  # the suite's rounds, all from the same run

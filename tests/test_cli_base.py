@@ -62,11 +62,12 @@ def test_main_in_process(capsys):
 
 
 def test_each_command_module_registers_one_subcommand(capsys):
-    from shardsearch.cli import bench, export, optimize, show
+    from shardsearch.cli import bench, explain, export, optimize, show
 
-    registered = [m.COMMAND for m in (optimize, export, show, bench)]
-    assert list(_cli.COMMANDS) == registered
-    assert [c.name for c in _cli.COMMANDS] == ["optimize", "export", "show", "bench"]
+    modules = (optimize, export, show, explain, bench)
+    assert sorted(c.name for c in _cli.COMMANDS) == sorted(m.__name__.rpartition(".")[2]
+                                                          for m in modules)
+    assert {id(c) for c in _cli.COMMANDS} == {id(m.COMMAND) for m in modules}
     assert _cli.main(["--help"]) == 0
     out = capsys.readouterr().out
     for command in _cli.COMMANDS:

@@ -25,7 +25,7 @@ ROOT = PACKAGE.parent
 # own stage and from stages listed before it, never after. Plan files are read
 # and written below the search, so a training script that loads a plan needs
 # none of the search's machinery; the search's export turns a study into one.
-STAGES = ("base", "rules", "workloads", "cost", "plan", "search", "bench", "cli")
+STAGES = ("base", "logical", "rules", "workloads", "cost", "plan", "search", "bench", "cli")
 
 
 def _module_name(path: Path) -> str:

@@ -1,5 +1,6 @@
 """optimize(): the search loop, its three cuts, the cache, resume, confirmation."""
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -48,6 +49,8 @@ def spy(monkeypatch):
     monkeypatch.setattr(_evaluate, "evaluate", evaluate)
     monkeypatch.setattr(_evaluate, "compile_step", compile_step)
     monkeypatch.setattr(_evaluate, "measure", measure)
+    # The spies watch this process: evaluate here, not in a worker.
+    monkeypatch.setattr(ss, "optimize", functools.partial(ss.optimize, isolate=False))
     return seen
 
 
@@ -121,7 +124,7 @@ def test_compile_error_is_recorded_and_the_study_goes_on(mesh24, tmp_path, monke
 
     monkeypatch.setattr(_evaluate, "compile_step", flaky)
     result = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=5,
-                         storage=_storage(tmp_path), **FAST)
+                         storage=_storage(tmp_path), isolate=False, **FAST)
     failed = [t for t in result.trials if t.outcome.status == "failed"]
     assert len(failed) == 1
     assert "RuntimeError: XLA says no" in failed[0].outcome.reason
@@ -200,7 +203,7 @@ def test_long_studies_release_jax_caches(mesh24, tmp_path, monkeypatch):
     real = jax.clear_caches
     monkeypatch.setattr(jax, "clear_caches", lambda: (cleared.append(1), real()))
     result = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=5,
-                         storage=_storage(tmp_path), **FAST)
+                         storage=_storage(tmp_path), isolate=False, **FAST)
     assert len(cleared) == result.compiles // 2 >= 2
     assert result.outputs_match is True
 

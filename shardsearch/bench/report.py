@@ -8,13 +8,13 @@ matplotlib (the `bench` extra); without it they are skipped with a note.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..base.jsonfile import read_json
 from ..base.units import format_bytes as _bytes
 from ..search import confirm as _confirm
 from ..search.objectives import is_estimate
@@ -142,8 +142,8 @@ def load_entries(suite: Any, folder: Path) -> list[dict[str, Any]]:
     records = {}
     for path in sorted((folder / "entries").glob("*.json")):
         try:
-            records[path.stem] = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            records[path.stem] = read_json(path)
+        except (OSError, ValueError):  # also a damaged file: not UTF-8, too deep
             continue  # a file being written by another run; its next report has it
     order = [e.id for e in suite.entries]
     return [records[k] for k in sorted(records, key=lambda k: (
@@ -166,8 +166,8 @@ def write_report(suite: Any, folder: Path) -> list[str]:
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return read_json(path)
+    except (OSError, ValueError):
         return None
 
 
@@ -203,7 +203,8 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
             r["entry"]["id"], r["workload"],
             ",".join(f"{k}={v}" for k, v in r["mesh"].items()),
             _budget(r["budget"]),
-            f"{winner.get('source')}" + (" (est.)" if is_estimate(r["objective"]) else ""),
+            f"{winner.get('source')}" + (" (est.)" if is_estimate(r["objective"]) else "")
+            + (f", {winner['family']} family" if winner.get("family") else ""),
             _ms(winner), _ms(plans.get("replicated")), _ms(plans.get("default")),
             f"{best}: {_ms(plans[best])}" if best else "none fits",
             format_speedup(s["vs_replicated"]), format_speedup(s["vs_default"]),

@@ -44,7 +44,7 @@ from ..cost.program import XlaMemory
 from ..plan.writer import strict_json, write_config
 from ..search import confirm as _confirm
 from ..search import evaluate as _evaluate
-from ..search.context import baseline_candidates, make_context
+from ..search.context import baseline_candidates, discover, make_context
 from ..search.export import export_config
 from ..search.loop import optimize
 from ..search.objectives import get_objective
@@ -175,7 +175,10 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     n_trials = trials or entry.trials
     hardware = HARDWARE[suite.hardware] if suite.hardware else None
     storage = f"sqlite:///{(folder / 'studies.db').resolve()}"
-    study_name = f"bench/{suite.name}/{entry.id}"
+    # A study searched another space is another study: the rules-only entries
+    # recorded before logical axes existed keep their own.
+    study_name = f"bench/{suite.name}/{entry.id}" + (
+        "" if entry.space == "rules" else f"/{entry.space}")
     before = _finished_trials(storage, study_name)
     start = time.perf_counter()
     result = optimize(
@@ -183,7 +186,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         timeout=entry.timeout, memory_budget=budget["bytes"], objective=entry.objective,
         storage=storage, study_name=study_name, seed=entry.seed, warmup=suite.warmup,
         repeats=repeats, confirm_rounds=rounds or suite.rounds,
-        hardware=hardware, quiet=quiet)
+        hardware=hardware, quiet=quiet, space=entry.space)
     wall = time.perf_counter() - start
     log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
         f"{wall:.0f} s; comparing the plans")
@@ -199,9 +202,16 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     plans = [_plan_row("winner", "winner", result.best_specs, ctx, known)]
     plans[0]["source"] = (f"search (trial {win_trial})" if result.best_label == "search"
                           else result.best_label)
-    for label, candidate in baseline_candidates(workload, mesh).items():
+    plans[0]["family"] = "logical" if result.best_rule.kind == "logical" else "rules"
+    logical = (None if entry.space == "rules"
+               else discover(workload.step, workload.abstract(), entry.space))
+    hand_written = tuple(expert_plans(workload, mesh).plans)
+    for label, candidate in baseline_candidates(workload, mesh, None, logical).items():
         specs, fp = _evaluate.resolve(candidate, ctx)
-        role = label if label in ("replicated", "default") else "expert"
+        # Plans the tool derives itself (from the step's logical axes) are
+        # timed beside the experts' but are not counted as expert plans.
+        role = (label if label in ("replicated", "default")
+                else "expert" if label in hand_written else "derived")
         plans.append(_plan_row(label, role, specs, ctx, known, invalid=fp))
     one_ctx = None
     objective = get_objective(entry.objective)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -25,8 +24,11 @@ from typing import Any
 import jax
 
 from ..base import mesh as _mesh
+from ..base.jsonfile import read_json
+from ..base.limits import check_simulated_devices
 from ..base.units import parse_bytes
 from ..cost.hardware import HARDWARE
+from ..search.logical_block import SPACES
 from ..search.objectives import OBJECTIVES
 
 # The shipped suites: `<name>.json` files in this package's `suites` folder.
@@ -36,7 +38,7 @@ PLATFORMS = ("cpu", "gpu", "tpu")
 # plain data parallelism does not fit, so the plan must shard the parameters.
 QUARTER = "quarter"
 _ENTRY_KEYS = ("id", "workload", "size", "mesh", "trials", "timeout", "budget", "objective",
-               "seed")
+               "seed", "space")
 _SUITE_KEYS = ("schema", "suite", "description", "platform", "devices", "simulated", "hardware",
                "timing", "entries")
 _TIMING_KEYS = ("warmup", "repeats", "rounds")
@@ -56,6 +58,7 @@ class Entry:
         the replicated plan's XLA total per device, `runner.resolve_budget`), or None.
       objective: "measured" or "static".
       seed: the sampler's and the workload's seed.
+      space: the search space, "rules", "logical" or "both" (`optimize(space=...)`).
 
     Example: `Entry("gpt-dp2-tp4", "gpt", "small", "dp=2,tp=4", trials=40)`.
     """
@@ -69,6 +72,7 @@ class Entry:
     budget: int | str | None = None
     objective: str = "measured"
     seed: int = 0
+    space: str = "both"
 
     def __post_init__(self) -> None:
         for name in ("id", "workload", "size", "mesh"):
@@ -95,6 +99,8 @@ class Entry:
             parse_bytes(self.budget)
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective {self.objective!r}; choose one of {tuple(OBJECTIVES)}")
+        if self.space not in SPACES:
+            raise ValueError(f"space {self.space!r}; choose one of {SPACES}")
 
     @property
     def workload_name(self) -> str:
@@ -157,6 +163,8 @@ class Suite:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{where}: {name} must be a whole number >= {low}, got "
                                  f"{value!r}")
+        if self.simulated:
+            check_simulated_devices(self.devices, f"{where}: devices")
         seen: set[str] = set()
         for i, entry in enumerate(self.entries):
             at = f"{where}: entry {i} ({entry.id!r})"
@@ -263,11 +271,9 @@ def load_suite(name_or_path: str, suites_dir: str | Path | None = None) -> Suite
     path = find_suite(name_or_path, suites_dir)
     where = f"suite file {path}"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{where} cannot be read: {err}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{where} is not valid JSON: {err}") from None
+        data = read_json(path, where, invalid="{where} is {problem}")
+    except OSError as err:
+        raise ValueError(f"{where} cannot be read: {err.strerror or err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object with 'suite' and 'entries'")
     _check_keys(data, _SUITE_KEYS, where)
@@ -319,10 +325,13 @@ def prepare_devices(suite: Suite, devices: int | None = None) -> None:
     Must run before JAX starts its backend when devices are simulated.
 
     Raises:
-      ValueError: JAX's devices are not the suite's (or can no longer be changed).
+      ValueError: JAX's devices are not the suite's (or can no longer be
+        changed), or more devices to simulate than `limits.MAX_SIMULATED_DEVICES`.
     """
     count = devices if devices is not None else suite.devices if suite.simulated else None
     if count is not None:
+        check_simulated_devices(count, "--devices" if devices is not None else
+                                f"suite file {suite.path}: devices")
         # Simulated devices are CPU devices: keep an accelerator from becoming the default.
         jax.config.update("jax_platforms", "cpu")
         try:

@@ -69,6 +69,33 @@ def count(text: str) -> int:
     return value
 
 
+def device_count(text: str) -> int:
+    """An argparse type: simulated devices, 1 to `limits.MAX_SIMULATED_DEVICES`.
+
+    Checked while parsing, before JAX starts: "8" → 8; "100000" is refused
+    with the reason instead of minutes of silence.
+    """
+    from ..base.limits import check_simulated_devices
+
+    try:
+        return check_simulated_devices(positive_int(text), "simulated devices")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def study_name(text: str) -> str:
+    """An argparse type: a study name, non-empty and printable on one line.
+
+    Example: "gpt-dp2" → "gpt-dp2"; "" and "a\nb" are refused.
+    """
+    from ..search.storage import check_study_name
+
+    try:
+        return check_study_name(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def positive_float(text: str) -> float:
     """An argparse type: a finite number > 0 ("2.5" → 2.5; "0", "inf" are refused)."""
     try:
@@ -103,7 +130,7 @@ def workload(name: str) -> Any:
         sys.path.insert(0, str(Path.cwd()))
     try:
         return get_workload(name)
-    except Exception as err:  # a user factory may raise anything; it is their input
+    except (Exception, SystemExit) as err:  # a user factory may do anything; it is input
         message = str(err) if isinstance(err, ValueError | TypeError) else \
             f"workload {name!r} could not be built: {type(err).__name__}: {err}"
         raise UsageError(message) from None

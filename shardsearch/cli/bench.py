@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .._version import __version__
-from .args import Command, UsageError, WorkFailed, positive_int, usage
+from .args import Command, UsageError, WorkFailed, device_count, positive_int, usage
 
 # The suites shipped in shardsearch/bench/suites/, named in --help without
 # importing the benchmark code (a test checks the list against the files).
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "current folder (default rules)")
     p.add_argument("--entries", metavar="ID,ID",
                    help="run only these entries (default all; see --list)")
-    p.add_argument("--devices", type=positive_int, metavar="N",
+    p.add_argument("--devices", type=device_count, metavar="N",
                    help="simulate N CPU devices (default: the suite's count when it "
                         "simulates its devices)")
     p.add_argument("--force", action="store_true",

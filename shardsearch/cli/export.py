@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import Command, UsageError, add_storage, count, usage, workload
+from .args import Command, UsageError, add_storage, count, study_name, usage, workload
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--study", required=True, metavar="NAME", help="the stored study")
+    p.add_argument("--study", required=True, type=study_name, metavar="NAME",
+                   help="the stored study")
     add_storage(p)
     p.add_argument("--trial", type=count, metavar="N",
                    help="export trial N instead of the study's winner")
@@ -17,9 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="resolve specs on this workload (default: the study's, if built in; "
                         "a study run on a factory needs it named here)")
     p.add_argument("--out", required=True, metavar="FILE", help="file to write")
-    p.add_argument("--format", choices=("json", "partition-rules"), default="json",
+    p.add_argument("--format", choices=("json", "partition-rules", "logical-axis-rules"),
+                   default="json",
                    help="json: the plan file (default); partition-rules: Python source with "
-                        "PARTITION_RULES = [(regex, PartitionSpec), ...]")
+                        "PARTITION_RULES = [(regex, PartitionSpec), ...]; logical-axis-rules: "
+                        "JSON with [logical_name, mesh_axes] pairs and each parameter's "
+                        "logical names (a plan of the logical family; load_rule reads it)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -46,6 +50,8 @@ def run(a: argparse.Namespace) -> int:
         written = write_config(config, a.out, format=a.format)
     except OSError as err:
         raise UsageError(f"cannot write {a.out}: {err.strerror or err}") from None
+    except ValueError as err:  # a plan that is not logical, for logical-axis-rules
+        raise UsageError(str(err)) from None
     print(f"wrote {written} ({a.format}): {config['results']['winner']['label']} "
           f"(trial {config['results']['winner']['trial']}) of study {a.study!r}")
     return 0

@@ -1,22 +1,31 @@
 """The `shardsearch` command line: parse, call the library, print.
 
-Each command lives in its own module (`optimize`, `export`, `show`, `bench`),
-which registers its options and its run function as a `Command`; this module
-assembles them and turns their errors into exit codes.
+Each command lives in its own module (`optimize`, `export`, `show`, `explain`,
+`bench`), which registers its options and its run function as a `Command`;
+this module assembles them and turns their errors into exit codes.
 
 Exit codes: 0 success; 1 the work failed (no candidate completed, a plan that
 does not fit the workload); 2 a usage error (bad option, unknown workload,
-unreadable storage or file), reported as one line on stderr; 130 interrupted.
+unreadable storage or file), reported as one line on stderr; 130 interrupted
+(Ctrl-C, SIGINT); 143 terminated (SIGTERM). Both signals end a command the
+same way: the exception unwinds through the library, which marks the running
+trial failed ("interrupted") and closes the storage; a compile still running
+in a thread makes the console script leave without Python's shutdown (see
+`main_entry`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from .._version import __version__
-from . import bench, export, optimize, show
+from . import bench, explain, export, optimize, show
 from .args import Command, UsageError, WorkFailed
 
 
@@ -27,8 +36,50 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-EXIT_CODES = "exit codes: 0 success, 1 the work failed, 2 usage error"
-COMMANDS: tuple[Command, ...] = (optimize.COMMAND, export.COMMAND, show.COMMAND, bench.COMMAND)
+EXIT_CODES = ("exit codes: 0 success, 1 the work failed, 2 usage error, 130 interrupted, 143 "
+              "terminated")
+COMMANDS: tuple[Command, ...] = (optimize.COMMAND, export.COMMAND, show.COMMAND,
+                                 explain.COMMAND, bench.COMMAND)
+# The shell's convention, 128 + the signal's number.
+INTERRUPTED, TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt,
+    so that whatever cleans up after Ctrl-C cleans up after SIGTERM too."""
+
+
+@contextlib.contextmanager
+def handle_signals() -> Iterator[None]:
+    """While inside: SIGINT raises KeyboardInterrupt and SIGTERM `Terminated`
+    in the main thread. A second signal, while the first one's cleanup runs,
+    ends the process at once with the first one's exit code. Elsewhere than
+    in the main thread (where Python cannot set handlers) it changes nothing.
+
+    Example:
+      >>> with handle_signals():
+      ...     run()   # `kill PID` raises Terminated here
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    first: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        if first:
+            sys.stderr.write("shardsearch: interrupted again; stopping without cleaning up\n")
+            sys.stderr.flush()
+            os._exit(first[0])
+        first.append(128 + signum)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            # None: a handler set outside Python, which Python cannot put back.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,15 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     prog = f"shardsearch {args.command}"
     try:
-        return args.run(args)
+        with handle_signals():
+            return args.run(args)
     except UsageError as err:
         return _fail(prog, err, 2)
     except WorkFailed as err:
         return _fail(prog, err, 1)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; finished trials are kept in the study, the same "
-              "command resumes it", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        # A command may say what became of its work (optimize: is the study kept?).
+        note = str(stop) or "finished trials are kept in the study, the same command resumes it"
+        terminated = isinstance(stop, Terminated)
+        print(f"{prog}: {'terminated' if terminated else 'interrupted'}; {note}",
+              file=sys.stderr)
+        return TERMINATED if terminated else INTERRUPTED
 
 
 def _fail(prog: str, err: Exception, code: int) -> int:
@@ -81,14 +136,33 @@ def _fail(prog: str, err: Exception, code: int) -> int:
 
 
 def main_entry() -> None:
-    """The console script `shardsearch`: `main()`, then exit with its code."""
+    """The console script `shardsearch`: `main()`, then exit with its code.
+
+    While a thread of ours is still inside XLA (a compile that an interrupt,
+    or its timeout, left running), the process leaves with `os._exit` once
+    the output is flushed: Python's shutdown would stop that thread when it
+    comes back from C++, and the runtime then aborts ("terminate called after
+    throwing ... FATAL: exception not rethrown", exit 134) instead of exiting
+    with our code. Everything worth keeping was committed (the study) or
+    written (files) before; only exit handlers are skipped.
+    """
     try:
         code = main()
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader (`| head`) left; what it did not read is not an error of ours.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0
+    if _threads_in_flight():
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
+
+
+def _threads_in_flight() -> bool:
+    # Ours are named "shardsearch-..." (compiles, heartbeats); only they call
+    # into XLA or the storage from a second thread. Listed is enough, alive or
+    # not: a compile thread whose join was interrupted still has to take the
+    # interpreter's lock once more on its way out, which Python's shutdown
+    # turns into the abort.
+    return any(t.name.startswith("shardsearch-") for t in threading.enumerate())

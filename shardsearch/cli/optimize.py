@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..search.evaluate import EXECUTE_TIMEOUT
 from ..search.objectives import OBJECTIVES
 from .args import (
     Command,
@@ -17,12 +19,14 @@ from .args import (
     WorkFailed,
     add_storage,
     count,
+    device_count,
     positive_float,
     positive_int,
+    study_name,
     usage,
     workload,
 )
-from .render import axes, axes_of, redact, results_table
+from .render import axes, axes_of, results_table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mesh", required=True, metavar="AXES",
                    help="mesh axes as name=size pairs, e.g. dp=2,tp=4 (one size may be -1: "
                         "the remaining devices)")
-    p.add_argument("--devices", type=positive_int, metavar="N",
+    p.add_argument("--devices", type=device_count, metavar="N",
                    help="simulate N CPU devices (for trying meshes this machine lacks)")
     p.add_argument("--trials", type=count, default=40, metavar="N",
                    help="trials to run, the baselines included (default 40)")
@@ -44,8 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=tuple(OBJECTIVES), default="measured",
                    help="measured: median step time on the mesh (default); static: estimated "
                         "from the compiled program, nothing runs")
+    p.add_argument("--space", choices=("rules", "logical", "both"), default="both",
+                   help="rules: the seed rules (auto, memory); logical: one assignment of the "
+                        "step's logical axes (heads, mlp, ...) to mesh axes; both: the search "
+                        "picks the family per trial (default)")
     add_storage(p)
-    p.add_argument("--study", metavar="NAME",
+    p.add_argument("--study", type=study_name, metavar="NAME",
                    help="study name (default from workload, mesh, objective and shapes); the "
                         "same name and storage resume a study")
     p.add_argument("--seed", type=count, default=0, metavar="N",
@@ -53,6 +61,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE",
                    help="plan file to write (default ./shardsearch-<workload>-<mesh>.json)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true",
+                   help="print XLA's log lines of each candidate (always counted in the study "
+                        "and the plan's results; `show` prints the first)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile and run candidates in a supervised worker process, so one "
+                        "that crashes or hangs fails alone (default: on when the step can "
+                        "reach a worker; --no-isolate runs them in this process)")
+    p.add_argument("--execute-timeout", type=positive_float, default=EXECUTE_TIMEOUT,
+                   metavar="S",
+                   help="an isolated candidate that finishes no step for S seconds fails "
+                        "(default %(default)s)")
     p.add_argument("--compile-cache", default=".shardsearch/jax-cache", metavar="DIR",
                    help="JAX's persistent compilation cache, so a resumed study compiles "
                         "from disk (default: %(default)s)")
@@ -69,15 +88,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    if a.isolate is not False:
+        # On GPUs a study process that preallocates leaves its worker little memory.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     # Before anything asks JAX for devices: the count is fixed at backend start.
     if a.devices is not None:
         simulate_devices(a.devices)
     from ..base.mesh import parse_mesh
+    from ..base.secrets import redact_url as redact
     from ..base.units import parse_bytes
     from ..plan.writer import write_config
     from ..search.export import export_config
     from ..search.loop import optimize
-    from ..search.storage import default_storage
+    from ..search.storage import default_storage, is_resumable
 
     dims, names = usage(parse_mesh, a.mesh)
     budget = usage(parse_bytes, a.budget) if a.budget is not None else None
@@ -87,6 +110,8 @@ def run(a: argparse.Namespace) -> int:
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name")
     storage = a.storage or default_storage()
+    kept = ("the same command resumes it" if is_resumable(storage)
+            else "in memory: it ends with this process")
     n = mesh.devices.size
     print(f"shardsearch {__version__}: {chosen.name} on mesh {axes(mesh)} ({n} "
           f"{mesh.devices.flat[0].platform} devices), {a.trials} trials, objective "
@@ -96,9 +121,15 @@ def run(a: argparse.Namespace) -> int:
             chosen, mesh=mesh, n_trials=a.trials, timeout=a.timeout, memory_budget=budget,
             objective=a.objective, storage=storage, study_name=a.study, seed=a.seed,
             warmup=a.warmup, repeats=a.repeats, confirm_rounds=a.confirm_rounds,
-            compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet)
+            compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet,
+            space=a.space, isolate=a.isolate, execute_timeout=a.execute_timeout,
+            verbose=a.verbose)
     except ValueError as err:  # optimize checks its inputs before any trial
         raise UsageError(str(err)) from None
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: main says what is kept
+        stop.args = (f"finished trials are kept in the study, {kept}" if is_resumable(storage)
+                     else "the study was in memory and is gone",)
+        raise
     except (RecursionError, NotImplementedError):
         raise  # bugs, not failed work: keep their traceback
     except RuntimeError as err:  # no candidate completed; XLA failing on the devices
@@ -112,8 +143,7 @@ def run(a: argparse.Namespace) -> int:
             f"`shardsearch export --study '{result.study.study_name}' --storage "
             f"'{redact(storage)}' --out FILE`") from None
     print(results_table(config))
-    print(f"study: {result.study.study_name!r} in {redact(storage)} (the same command "
-          "resumes it)")
+    print(f"study: {result.study.study_name!r} in {redact(storage)} ({kept})")
     print(f"wrote {written}")
     return 0
 

@@ -6,11 +6,11 @@ library's work.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..base.units import format_bytes as _bytes
+from ..search.logs import short as short_log_line
 from ..search.objectives import is_estimate
 from ..search.stages import Stage
 
@@ -58,7 +58,10 @@ def results_table(config: Mapping[str, Any]) -> str:
              f"* exported ({'the winner' if r['selected'] == 'best' else 'chosen trial'})",
              f"trials: {t['trials']} run, {t['completed']} completed; cut "
              + ", ".join(f"{t.get(s.summary_key, 0)} {_cut_at(s)}" for s in Stage) + "; "
-             f"{t['failed']} failed; {t['cache_hits']} cache hits"
+             f"{t['failed']} failed; "
+             # Plan files from before interrupted trials were counted have no key.
+             + (f"{t['interrupted']} interrupted; " if t.get("interrupted") else "")
+             + f"{t['cache_hits']} cache hits"
              + (f"; {r['compiles']} compiles this run" if r.get("compiles") is not None
                 else "")]
     if r.get("verdict") is not None:
@@ -67,7 +70,17 @@ def results_table(config: Mapping[str, Any]) -> str:
         lines.append(
             f"outputs: {'match' if r['outputs_match'] else 'DO NOT match'} the replicated "
             f"plan's (max relative error {r['max_relative_error']:.2g})")
+    logged = [row for row in entries if row.get("log_lines")]
+    if logged:
+        # Caught per candidate, off the terminal (`optimize --verbose` prints them).
+        lines.append("XLA log lines while compiling and running:")
+        lines += [f"  {_row_name(row)}: {row['log_lines']}, first: "
+                  f"{short_log_line(row.get('log_first') or '')}" for row in logged]
     return "\n".join(lines)
+
+
+def _row_name(row: Mapping[str, Any]) -> str:
+    return f"trial {row['trial']}" if row["label"] == "search" else row["label"]
 
 
 def plan_header(path: str, config: Mapping[str, Any], plan: Any) -> str:
@@ -148,8 +161,3 @@ def axes(mesh: Any) -> str:
 def axes_of(dims: Sequence[int], names: Sequence[str]) -> str:
     """Axis sizes and names as name=size pairs: (2, 4), ("dp", "tp") → "dp=2,tp=4"."""
     return ",".join(f"{a}={s}" for a, s in zip(names, dims, strict=True))
-
-
-def redact(url: str) -> str:
-    """A storage URL with its password hidden, fit to print."""
-    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 from .args import Command, UsageError, usage, workload
@@ -77,10 +76,10 @@ def run(a: argparse.Namespace) -> int:
 
 def read_json(path: str) -> dict[str, Any]:
     """The plan file's JSON, for the sections to print."""
-    import json
+    from ..base.jsonfile import read_json as read
 
     # load_plan has checked the file already; this only gets the sections to print.
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    return read(path)
 
 
 COMMAND = Command("show",

@@ -15,7 +15,6 @@ import json
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -26,6 +25,7 @@ from .._version import __version__
 from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
+from ..base.jsonfile import read_json
 from ..base.monitor import ShardingWarning
 from ..rules.base import ShardingRule, argument_specs, rule_from_config
 from ..rules.batch import BatchShardingRule
@@ -33,6 +33,7 @@ from ..rules.batch import BatchShardingRule
 SCHEMA = 1
 # What a plan needs to load; everything else in the file is optional.
 _FIELDS = ("schema", "mesh", "state_rule", "batch_rule")
+_INVALID = "{where}: the file is {problem}; export it again with `shardsearch export`"
 
 
 class PlanMismatchWarning(ShardingWarning):
@@ -203,6 +204,7 @@ class ShardingPlan:
             _check_axes(recorded, mesh, where)
         rule = rule_from_config(config["state_rule"], mesh, f"{where}: state_rule")
         batch_rule = rule_from_config(config["batch_rule"], mesh, f"{where}: batch_rule")
+        _check_rule_axes({"state_rule": rule, "batch_rule": batch_rule}, recorded, where)
         workload = config.get("workload")
         name = fingerprint = leaves = None
         if workload is not None:
@@ -229,23 +231,17 @@ def load_plan(path: str | os.PathLike[str], mesh: _mesh.AnyMesh | None = None) -
 
     Raises:
       OSError: the file cannot be read.
-      ValueError: naming the file: not JSON, cut short, a newer schema, a
-        missing or malformed field, or a mesh with other axis names.
+      ValueError: naming the file: not UTF-8, not JSON, cut short, nested
+        deeper than `base.jsonfile.MAX_DEPTH`, a newer schema, a missing or
+        malformed field, a rule naming an axis its own mesh lacks, or a mesh
+        with other axis names.
 
     Example:
       >>> plan = load_plan("plan.json", mesh=shardsearch.create_mesh((2, 4), ("dp", "tp")))
       >>> in_shardings = plan.shardings((state, batch))
     """
     where = str(path)
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        hint = ("the file is empty or cut short (truncated)" if _looks_truncated(text)
-                else "the file is not valid JSON")
-        raise ValueError(
-            f"{where}: {hint}: {err.msg} at line {err.lineno} column {err.colno}; "
-            "export it again with `shardsearch export`") from None
+    data = read_json(path, where, invalid=_INVALID)
     return ShardingPlan.from_config(data, mesh, where)
 
 
@@ -253,29 +249,20 @@ def load_rule(path: str | os.PathLike[str],
               mesh: _mesh.AnyMesh | None = None) -> ShardingRule:
     """The state rule of a plan file, bound to `mesh` (see `load_plan`).
 
+    A `logical-axis-rules` file (`shardsearch export --format
+    logical-axis-rules`) loads too: its `LogicalAxisRule` for the state.
+
     Example:
       >>> rule = load_rule("plan.json")
       >>> rule.apply(workload.abstract()[0])  # spec tree for the train state
     """
-    return load_plan(path, mesh).rule
+    from ..rules.logical import FORMAT, rule_from_logical_axis_rules
 
-
-def _looks_truncated(text: str) -> bool:
-    """True when the text ends inside a string or with brackets left open."""
-    depth, in_string, escaped = 0, False, False
-    for char in text:
-        if escaped:
-            escaped = False
-        elif in_string:
-            escaped = char == "\\"
-            in_string = char != '"'
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-    return not text.strip() or in_string or depth > 0
+    where = str(path)
+    data = read_json(path, where, invalid=_INVALID)
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        return rule_from_logical_axis_rules(data, mesh, where)[0]
+    return ShardingPlan.from_config(data, mesh, where).rule
 
 
 def _check_axes(recorded: tuple[tuple[str, int], ...], mesh: _mesh.AnyMesh, where: str) -> None:
@@ -286,6 +273,48 @@ def _check_axes(recorded: tuple[tuple[str, int], ...], mesh: _mesh.AnyMesh, wher
             f"{where}: the plan was found on a mesh with axes {want} but the mesh given has "
             f"axes {got}; build the mesh with axis names {want} in that order (sizes may "
             "differ)")
+
+
+def _check_rule_axes(rules: Mapping[str, ShardingRule],
+                     recorded: tuple[tuple[str, int], ...], where: str) -> None:
+    # A rule that names an axis its own mesh lacks fails only once applied
+    # (or, for some kinds, silently shards less); refuse it when the file loads.
+    names = tuple(a for a, _ in recorded)
+    unknown = [(at, axis) for field, rule in rules.items()
+               for at, axis in _named_axes(rule, field) if axis not in names]
+    if unknown:
+        at, axis = unknown[0]
+        more = f" (+{len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise ValueError(
+            f"{where}: {at} names axis {axis!r}, which is not in the plan's own mesh "
+            f"{names}{more}; the file was edited or damaged: fix the axis name or export "
+            "it again")
+
+
+def _named_axes(value: Any, at: str) -> list[tuple[str, str]]:
+    """`(where, axis)` for every mesh axis a rule names, in its specs and axis lists.
+
+    Walks a dataclass rule's fields (nested rules included), so a new rule kind
+    is covered when it keeps axes in `PartitionSpec`s or in fields named
+    `axis_names` / `axes`. Example: `BatchShardingRule(("dp",))` at "batch_rule"
+    → `[("batch_rule.axes", "dp")]`.
+    """
+    if isinstance(value, P):
+        return [(at, a) for a in _spec.spec_axes(value)]
+    if isinstance(value, ShardingRule) and dataclasses.is_dataclass(value):
+        out = []
+        for field in dataclasses.fields(value):
+            item, here = getattr(value, field.name, None), f"{at}.{field.name}"
+            if field.name in ("axis_names", "axes") and isinstance(item, tuple | list):
+                out += [(here, a) for entry in item for a in _spec.entry_axes(entry)]
+            elif field.name != "mesh":
+                out += _named_axes(item, here)
+        return out
+    if isinstance(value, tuple | list):
+        return [x for i, v in enumerate(value) for x in _named_axes(v, f"{at}[{i}]")]
+    if isinstance(value, Mapping):
+        return [x for k, v in value.items() for x in _named_axes(v, f"{at}[{k!r}]")]
+    return []
 
 
 def _mesh_from_json(data: Any, where: str) -> tuple[tuple[str, int], ...]:

@@ -30,7 +30,7 @@ from ..rules.base import ShardingRule, argument_specs, rule_from_config
 from ..rules.batch import BatchShardingRule
 from .reader import SCHEMA, ShardingPlan, leaf_info, leaves_hash
 
-FORMATS = ("json", "partition-rules")
+FORMATS = ("json", "partition-rules", "logical-axis-rules")
 
 
 def plan_config(
@@ -111,22 +111,53 @@ def write_config(config: Mapping[str, Any], path: str | os.PathLike[str],
       path: the file to write; parent folders are created.
       format: "json" (the plan file; keys sorted, so equal plans are equal
         bytes) or "partition-rules" (Python source with `PARTITION_RULES`, see
-        `partition_rules_source`).
+        `partition_rules_source`), or "logical-axis-rules" (JSON: the logical
+        → mesh axes pairs and each parameter's logical names, for a plan whose
+        state rule is a `LogicalAxisRule`; see `logical_axis_rules_config`;
+        `load_rule` reads it back).
 
     Raises:
-      ValueError: unknown format, or a config that would not load back.
+      ValueError: unknown format, a config that would not load back, or
+        "logical-axis-rules" for a plan whose state rule is not logical.
     """
     if format not in FORMATS:
         raise ValueError(f"write_config: format={format!r}; choose one of {FORMATS}")
     path = Path(path)
     config = strict_json(dict(config))
     ShardingPlan.from_config(config, where=f"plan for {path}")
-    text = _dumps(config) + "\n" if format == "json" else partition_rules_source(config)
+    if format == "logical-axis-rules":
+        text = _dumps(logical_axis_rules_config(config)) + "\n"
+    else:
+        text = _dumps(config) + "\n" if format == "json" else partition_rules_source(config)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def logical_axis_rules_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A plan's logical rules in the form flax and MaxText users know.
+
+    `[logical_name, mesh_axes or null]` pairs plus each parameter's logical
+    names (`rules.logical.logical_axis_rules_json`); `load_rule` reads the
+    file back into the `LogicalAxisRule`.
+
+    Raises:
+      ValueError: the plan's state rule is not a `LogicalAxisRule`.
+    """
+    from ..rules.logical import LogicalAxisRule, logical_axis_rules_json
+
+    names, sizes = config["mesh"]["axis_names"], config["mesh"]["axis_sizes"]
+    mesh = _mesh.abstract_mesh(tuple(sizes), tuple(names))
+    rule = rule_from_config(config["state_rule"], mesh, "plan state_rule")
+    if not isinstance(rule, LogicalAxisRule):
+        raise ValueError(
+            f"the plan's state rule is a {rule.kind!r} rule, not 'logical', so it has no "
+            "logical-axis rules; export a trial of the logical family (--trial N, its "
+            "state_rule kind 'logical'), search with space 'logical', or use --format json")
+    batch_rule = rule_from_config(config["batch_rule"], mesh, "plan batch_rule")
+    return logical_axis_rules_json(rule, dict(zip(names, sizes, strict=True)), batch_rule)
 
 
 def _dumps(data: Any, indent: str = "", width: int = 96) -> str:

@@ -13,6 +13,8 @@ One module per concept:
   memory     `MemoryConstrainedShardingRule` ("memory")
   patterns   `ShapeBasedShardingRule` ("shape"), `PathShardingRule` ("path")
   batch      `BatchShardingRule` ("batch")
+  logical    `LogicalAxisRule` ("logical"): logical axes onto mesh axes
+  explain    `explain_rule`: why each leaf got its spec, for any rule
 
 A new kind is a `ShardingRule` subclass with a `kind` and a `from_config`;
 defining it registers it (see `base`). The imports below run in the order the
@@ -34,12 +36,14 @@ from .memory import MemoryConstrainedShardingRule as MemoryConstrainedShardingRu
 from .patterns import PathShardingRule as PathShardingRule
 from .patterns import ShapeBasedShardingRule as ShapeBasedShardingRule
 from .batch import BatchShardingRule as BatchShardingRule
+from .logical import LogicalAxisRule as LogicalAxisRule
 # isort: on
 
 __all__ = [
     "AutoShardingRule",
     "BatchShardingRule",
     "CompositeShardingRule",
+    "LogicalAxisRule",
     "MemoryConstrainedShardingRule",
     "PathShardingRule",
     "ShapeBasedShardingRule",

@@ -80,9 +80,22 @@ def retime(
     Args:
       finalists: `(label, spec trees)` pairs; a third item, a Context, runs
         that finalist on its own mesh (the benchmarks' 1-device reference).
-      ctx: the study's context (compiles are counted there).
+      ctx: the study's context (compiles are counted there). With an
+        isolation the rounds run in its worker process, all of them there.
       rounds: timed steps per finalist.
+
+    Raises:
+      ValueError: a finalist has its own context while `ctx` is isolated
+        (interleaving across processes would not be fair).
+      RuntimeError: the worker died or hung (isolated runs).
     """
+    if ctx.isolation is not None:
+        if any(len(f) > 2 for f in finalists):
+            raise ValueError(
+                "retime: finalists with their own context are timed in this process; "
+                "build the contexts with isolate=False")
+        return ctx.isolation.retime(ctx, [(label, specs) for label, specs in finalists],
+                                    rounds)
     runners = []
     for label, specs, *own in finalists:
         c = own[0] if own else ctx
@@ -91,16 +104,18 @@ def retime(
         for _ in range(c.warmup):
             result, _metrics = compiled.monitored(*args)
             args = _evaluate.next_step(result, args)
-        runners.append([label, compiled.monitored, args, []])
+            _evaluate.progress(c, "step")
+        runners.append([label, compiled.monitored, args, [], c])
     for _ in range(rounds):
         for runner in runners:
-            _label, monitored, args, times = runner
+            _label, monitored, args, times, c = runner
             result, metrics = monitored(*args)
             runner[2] = _evaluate.next_step(result, args)
             times.append(metrics["execution_time"])
+            _evaluate.progress(c, "step")
     return {
         label: Timing(label, tuple(times), statistics.median(times), median_ci(times))
-        for label, _m, _a, times in runners
+        for label, _m, _a, times, _c in runners
     }
 
 
@@ -112,12 +127,19 @@ def compare_outputs(
     Returns `(match, worst)`: whether every metric (the step's second output)
     agrees to `rtol`, and, for the record, the worst difference over all
     outputs, state included, relative to each leaf's largest magnitude (at
-    least 1e-3).
+    least 1e-3). Outputs that hold NaN or Inf on either side do not match,
+    and their difference is infinite.
+
+    Raises:
+      RuntimeError: the worker died or hung (isolated runs).
     """
+    if ctx.isolation is not None:
+        return ctx.isolation.compare_outputs(ctx, specs, reference_specs, rtol)
     outputs = []
     for s in (specs, reference_specs):
         compiled, _ = _evaluate.compile_step(s, ctx)
         result, _metrics = compiled.monitored(*_evaluate.place(s, ctx))
+        _evaluate.progress(ctx, "step")
         outputs.append(jax.device_get(result))
     (state, metrics), (ref_state, ref_metrics) = outputs
     match = True
@@ -127,6 +149,9 @@ def compare_outputs(
     for got, want in zip(jax.tree.leaves((state, metrics)),
                          jax.tree.leaves((ref_state, ref_metrics)), strict=True):
         got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if not (np.all(np.isfinite(got)) and np.all(np.isfinite(want))):
+            # NaN compares as no difference at all; say it plainly instead.
+            return False, math.inf
         if got.size:
             # The floor keeps leaves that are nearly zero (fresh Adam moments)
             # from turning rounding noise into huge ratios.

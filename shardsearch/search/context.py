@@ -8,6 +8,7 @@ so benchmarks and studies can evaluate hand-picked candidates the same way.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,34 +16,209 @@ import jax
 import numpy as np
 
 from ..base import mesh as _mesh
+from ..base import spec as _spec
 from ..base import tree as _tree
 from ..base.units import parse_bytes
 from ..cost.hardware import HardwareModel
+from ..logical.axes import LogicalAxes
 from ..rules.auto import AutoShardingRule
 from ..rules.base import ShardingRule
 from ..rules.batch import BatchShardingRule
 from ..rules.composite import CompositeShardingRule
 from .candidate import Candidate
-from .evaluate import Context
+from .evaluate import EXECUTE_TIMEOUT, Context
+from .logical_block import SPACES, batch_axis_names, split_rules
 from .objectives import OBJECTIVES, Objective, get_objective
 from .space import SearchSpace
 
 
-def baseline_candidates(workload: Any, mesh: Any) -> dict[str, Candidate]:
-    """Replicated, the original design's default rule, and the workload's expert plans."""
+def baseline_candidates(
+    workload: Any, mesh: Any, args: Sequence[Any] | None = None,
+    logical: LogicalAxes | None = None,
+) -> dict[str, Candidate]:
+    """The warm-start baselines: `baseline_plans(...)`'s candidates."""
+    return baseline_plans(workload, mesh, args, logical)[0]
+
+
+def baseline_plans(
+    workload: Any, mesh: Any, args: Sequence[Any] | None = None,
+    logical: LogicalAxes | None = None,
+) -> tuple[dict[str, Candidate], dict[str, str]]:
+    """The baselines every search starts from, and why the others do not apply.
+
+    - `replicated`, and `default` (the original design's one AutoShardingRule
+      on every argument): always.
+    - A `Workload`'s expert plans (`workloads.expert_plans`: dp, fsdp,
+      megatron, fsdp_tp, ep where they apply).
+    - A plain step (no workload) with its `args` (`(state, *batch)`): `dp`
+      (batch over all axes, state replicated) and `fsdp` (every state leaf on
+      its largest dim divisible by all axes, the batch too), built by the same
+      code as the workloads' versions.
+    - With `logical` axes and a tensor-like mesh axis (named tp, tensor,
+      model or mp, as `MeshRoles.from_mesh` reads them): `logical_megatron`
+      (built by the function of that name).
+
+    Returns:
+      `(candidates, skipped)`: baselines by label, in that order, and a
+      one-line reason for each baseline that does not apply.
+
+    Example:
+      >>> baseline_plans(None, mesh, (state, batch))[0].keys()
+      dict_keys(['replicated', 'default', 'dp', 'fsdp'])
+    """
     out = {
         "replicated": Candidate(CompositeShardingRule(), BatchShardingRule(()), "replicated"),
         # The original design applied one AutoShardingRule to every argument.
         "default": Candidate(AutoShardingRule(mesh), AutoShardingRule(mesh), "default"),
     }
+    skipped: dict[str, str] = {}
     if workload is not None:
         from ..workloads import expert_plans
 
-        for name, plan in expert_plans(workload, mesh).plans.items():
+        plans = expert_plans(workload, mesh)
+        skipped.update(plans.skipped)
+        for name, plan in plans.plans.items():
             if name in out:
                 continue
             out[name] = Candidate(plan.state_rule, plan.batch_rule, name)
-    return out
+    elif args is not None:
+        from ..workloads import PlanNotApplicable, expert_plan
+
+        as_workload = _plain_workload(tuple(args))
+        for name in PLAIN_PLANS:
+            try:
+                plan = expert_plan(as_workload, mesh, name)
+            except PlanNotApplicable as err:
+                skipped[name] = str(err)
+                continue
+            out[name] = Candidate(plan.state_rule, plan.batch_rule, name)
+    if logical is not None:
+        try:
+            out[LOGICAL_MEGATRON] = logical_megatron(mesh, logical)
+        except ValueError as err:
+            skipped[LOGICAL_MEGATRON] = str(err)
+    return out, skipped
+
+
+# The expert plans that need no names: they apply to any step.
+PLAIN_PLANS = ("dp", "fsdp")
+LOGICAL_MEGATRON = "logical_megatron"
+# Axis names MeshRoles.from_mesh reads as tensor axes (workloads/_plans.py).
+TENSOR_NAMES = ("tp", "tensor", "model", "mp")
+
+
+def _plain_workload(args: tuple[Any, ...]) -> Any:
+    """A plain step's arguments as a `Workload`, for the expert plans' builders.
+
+    Several batch arguments travel as one tuple: the plans treat every batch
+    leaf alike. The step and init are never called.
+    """
+    from ..workloads import Workload
+
+    state, *batch = args
+    batch_tree = batch[0] if len(batch) == 1 else tuple(batch)
+
+    def never(*_: Any) -> Any:
+        raise RuntimeError("the baselines only read the arguments' shapes")
+
+    return Workload("step", never, never, lambda: (state, batch_tree), 0.0, 0)
+
+
+def logical_megatron(mesh: Any, logical: LogicalAxes) -> Candidate:
+    """The Megatron-style logical baseline, `logical_megatron`.
+
+    The "inner" axes are those the weights put opposite the model width
+    (`_inner_axes`: heads, the MLP's hidden width and the vocabulary in a
+    transformer; every other hidden width of an MLP chain, the first one
+    after the input included). Inner axes go on the tensor axes (in mesh order),
+    the batch's logical axes on the other axes of size > 1; the rule's
+    divisibility checks leave what does not divide unsharded (KV heads fewer
+    than the tensor ranks, an odd vocabulary).
+
+    Example: gpt:tiny on `(dp=2, tp=4)`: heads, mlp and the vocab axes on
+    `tp`, the batch on `dp`; `wq` gives `P(None, 'tp')`, `wo` `P('tp')`.
+
+    Raises:
+      ValueError: no tensor-like axis, no inner axis, or nothing the tensor
+        axes divide; the message says which.
+    """
+    sizes = _mesh.axis_sizes(mesh)
+    tensor = tuple(a for a in mesh.axis_names if a in TENSOR_NAMES and sizes[a] > 1)
+    if not tensor:
+        raise ValueError(
+            f"{LOGICAL_MEGATRON} needs a tensor axis of size > 1 (named one of "
+            f"{TENSOR_NAMES}); mesh axes are {tuple(sizes)}")
+    inner = _inner_axes(logical)
+    if not inner:
+        raise ValueError(
+            f"{LOGICAL_MEGATRON}: no logical axis sits opposite the model width in a weight "
+            "(the inner dim of a column- then row-parallel pair) in this step's state")
+    rest = tuple(a for a in mesh.axis_names if a not in tensor and sizes[a] > 1)
+    assignment: dict[str, Any] = {name: tensor if len(tensor) > 1 else tensor[0]
+                                  for name in inner}
+    batch = None if not rest else rest if len(rest) > 1 else rest[0]
+    for name in batch_axis_names(logical):
+        assignment[name] = batch
+    state_rule, batch_rule = split_rules(mesh, logical, assignment)
+    explained = state_rule.explain(_leaf_structs(logical.arguments[0]))
+    if not any(set(_spec.spec_axes(e.spec)) & set(tensor) for e in explained):
+        size = math.prod(sizes[a] for a in tensor)
+        raise ValueError(
+            f"{LOGICAL_MEGATRON}: the tensor axes {tensor} (size {size}) divide none of the "
+            f"inner axes {inner} (sizes "
+            f"{tuple(logical.axis(n).size for n in inner)}) on any state leaf")
+    return Candidate(state_rule, batch_rule, LOGICAL_MEGATRON)
+
+
+def _inner_axes(logical: LogicalAxes) -> tuple[str, ...]:
+    """The axes Megatron splits: every other axis along the chains of weights.
+
+    The weights' last two dims (rank >= 2 state leaves, the batch's axes left
+    out) link logical axes into a graph. Starting from the model width (the
+    axes named "embed"; without one, the axes the batch's features carry;
+    without those, the most linked axis), axes alternate outer / inner along
+    it (breadth first, in axis order): in a transformer every weight links
+    the width to heads, mlp or vocab; in an MLP chain d_in → h1 → h2 → classes,
+    h1 and the classes are inner. Inner axes whose role is seq, batch,
+    layers or experts are left out (a position table, a router).
+    """
+    if not logical.arguments:
+        return ()
+    order = [a.name for a in logical.axes]
+    roles = {a.name: a.role for a in logical.axes}
+    batch = set(batch_axis_names(logical))
+    links: dict[str, list[str]] = {n: [] for n in order}
+    for leaf in logical.arguments[0]:
+        a, b = (leaf.names[-2:] if len(leaf.names) >= 2 else (None, None))
+        if a is None or b is None or a == b or a in batch or b in batch:
+            continue
+        for x, y in ((a, b), (b, a)):
+            if y not in links[x]:
+                links[x].append(y)
+    linked = [n for n in order if links[n]]
+    if not linked:
+        return ()
+    features = [n for argument in logical.arguments[1:] for leaf in argument
+                for n in leaf.names[1:] if n in linked]
+    seeds = ([n for n in linked if roles[n] == "embed"] or
+             [n for n in linked if n in features] or
+             [max(linked, key=lambda n: (len(links[n]), -order.index(n)))])
+    side = {n: 0 for n in seeds}
+    queue = list(seeds)
+    while queue:
+        node = queue.pop(0)
+        for other in sorted(links[node], key=order.index):
+            if other not in side:
+                side[other] = 1 - side[node]
+                queue.append(other)
+    return tuple(n for n in order if side.get(n) == 1
+                 and roles[n] not in ("seq", "batch", "layers", "experts"))
+
+
+def _leaf_structs(leaves: Sequence[Any]) -> dict[str, Any]:
+    # A flat dict keyed by path has leaves at exactly those paths.
+    return {leaf.path: jax.ShapeDtypeStruct(leaf.shape, np.float32) for leaf in leaves
+            if leaf.shape is not None}
 
 
 def _as_abstract(tree: Any) -> Any:
@@ -94,19 +270,74 @@ def make_space(
     state: Any,
     budget: int | None = None,
     extra_rules: Mapping[str, ShardingRule] | None = None,
+    *,
+    space: str = "rules",
+    step: Any = None,
+    args: Sequence[Any] | None = None,
+    logical: LogicalAxes | None = None,
 ) -> SearchSpace:
     """The search space `optimize` explores for a state tree on a mesh.
 
     Memory fractions refer to the budget, or to the state's total bytes when
     there is none; `min_shard_size` choices run up past the largest leaf. The
     mesh may be abstract (enough to enumerate and replay the space).
+
+    Args:
+      mesh, state, budget, extra_rules: as above.
+      space: "rules" (today's space, the default here), "logical" or "both"
+        (what `optimize` defaults to); see `SearchSpace`.
+      step, args: the step and `(state, *batch)`, from which the logical axes
+        are discovered once (`discover_logical_axes`) when `space` needs them
+        and `logical` is not given.
+      logical: the logical axes, already discovered.
+
+    Raises:
+      ValueError: "logical" or "both" without `logical` or `step` and
+        `args`, or the discovery failing on the step (for "logical"; for
+        "both" the space falls back to "rules" with a `LogicalAxesWarning`).
     """
     leaves = [x for x in jax.tree.leaves(state) if _tree.leaf_shape(x)]
     state_bytes = sum(math.prod(_tree.leaf_shape(x)) * _tree.leaf_dtype(x).itemsize
                       for x in leaves)
+    if space != "rules" and logical is None:
+        logical = discover(step, args, space)
+        if logical is None:
+            space = "rules"
     return SearchSpace(mesh, budget or max(state_bytes, 1),
                        max((math.prod(_tree.leaf_shape(x)) for x in leaves), default=1),
-                       extra_rules or {})
+                       extra_rules or {}, space=space, logical=logical)
+
+
+class LogicalAxesWarning(UserWarning):
+    """The step's logical axes could not be discovered; the search uses the rules
+    family only."""
+
+
+def discover(step: Any, args: Sequence[Any] | None, space: str) -> LogicalAxes | None:
+    """The step's logical axes for a space that needs them.
+
+    Returns None (with a `LogicalAxesWarning`) when `space` is "both" and the
+    discovery fails, so a step the analysis cannot read still gets the rules
+    family; for "logical" the failure is a ValueError.
+    """
+    if space not in SPACES:
+        raise ValueError(f"space={space!r}; choose one of {SPACES}")
+    if step is None or args is None:
+        raise ValueError(
+            f"space={space!r} needs the step's logical axes: pass step= and args= (to "
+            "discover them) or logical=; or use space='rules'")
+    from ..logical.discover import discover_logical_axes
+
+    try:
+        return discover_logical_axes(step, tuple(args))
+    except Exception as err:  # the analysis of a user's step may fail in any way
+        message = (f"the step's logical axes could not be discovered "
+                   f"({type(err).__name__}: {err})")
+        if space == "logical":
+            raise ValueError(f"{message}; use space='rules'") from None
+        warnings.warn(LogicalAxesWarning(f"{message}; searching the rules family only"),
+                      stacklevel=3)
+        return None
 
 
 def make_context(
@@ -121,11 +352,16 @@ def make_context(
     repeats: int = 7,
     compile_timeout: float = 600.0,
     hardware: HardwareModel | None = None,
+    isolate: bool | None = False,
+    execute_timeout: float = EXECUTE_TIMEOUT,
+    verbose: bool = False,
 ) -> tuple[Context, Any]:
     """Checks a step, its arguments and a mesh, and builds the evaluation context.
 
     What `optimize` does before its first trial, available on its own to
     evaluate hand-picked candidates (benchmarks, studies) the same way.
+    `isolate` (default False here) is as for `optimize`: with isolation the
+    context owns a worker process; `ctx.close()` (or `with ctx:`) stops it.
 
     Returns:
       `(context, workload)`; workload is None when `step` is a plain function.
@@ -164,8 +400,15 @@ def make_context(
             f"possible footprint of the arguments, {minimum} bytes (everything split over "
             f"all {n_devices} devices); raise the budget or use more devices")
     host_args = _host_args(workload, args, seed, scorer) if scorer.needs_host_args else None
+    if not execute_timeout > 0:
+        raise ValueError(f"optimize: execute_timeout must be a positive number of seconds, "
+                         f"got {execute_timeout!r}")
     ctx = Context(step, abstract_args, mesh, host_args, budget, scorer, warmup, repeats,
-                  compile_timeout, hardware)
+                  compile_timeout, hardware, execute_timeout=execute_timeout, verbose=verbose)
+    if isolate is not False:
+        from .isolate import Isolation
+
+        ctx.isolation = Isolation.prepare(ctx, workload, forced=isolate is True)
     return ctx, workload
 
 

@@ -7,10 +7,18 @@ Each stage can end the evaluation, cheapest first:
                aliased bytes) over the budget. Nothing runs.
   3. measure — timed repeats reported one by one; the caller's `report`
                callback may stop it once the candidate is clearly slower.
-A compile that raises or overruns `compile_timeout` is a failed candidate.
-The stages and statuses are defined once, in `search.stages`. A candidate
-past stage 2 goes to the context's objective (`search.objectives`): the
-measured one runs stage 3, the static one estimates from the compiled program.
+A compile that raises or overruns `compile_timeout` is a failed candidate, and
+so is a step that raises, or whose outputs hold NaN or Inf after the warm-up
+("non-finite loss"). The stages and statuses are defined once, in
+`search.stages`. A candidate past stage 2 goes to the context's objective
+(`search.objectives`): the measured one runs stage 3, the static one
+estimates from the compiled program.
+
+Stage 1 always runs here, in the study process. Stages 2 and 3 run here too,
+or, when the context has an `isolation` (`search.isolate`), in a worker
+process that runs this same code (`compile_and_score`), so a candidate that
+crashes or hangs takes down only the worker. Either way XLA's log lines of a
+candidate are caught and counted in its `Outcome` (`search.logs`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..base import spec as _spec
@@ -29,11 +39,20 @@ from ..base import tree as _tree
 from ..base.analyzer import ShardingAnalyzer
 from ..base.monitor import create_monitored_function
 from ..cost.hardware import HardwareModel
-from ..cost.program import ProgramCost
+from ..cost.program import ProgramCost, XlaMemory
+from . import logs as _logs
 from .candidate import Candidate
 from .stages import COMPLETE, CUT, FAILED, Stage, Status
 
 CLEAR_CACHES_EVERY = 20
+
+# Seconds a measured candidate may go without finishing a step (also the
+# default of `optimize(execute_timeout=...)`). Generous: the first step also
+# moves the arguments onto the devices.
+EXECUTE_TIMEOUT = 120.0
+
+# How the reason of a candidate whose outputs hold NaN or Inf begins.
+NONFINITE = "non-finite loss"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +78,11 @@ class Outcome:
         own count when the HLO text could not be read; None before compiling.
       collective_bytes: bytes moved by collectives per device per step.
       cache_hit: the result was reused from an earlier identical fingerprint.
+      log_count: non-blank lines XLA (or the step) printed to stderr while
+        the candidate compiled and ran, e.g. "[SPMD] Involuntary full
+        rematerialization" warnings; 0 in studies from before they were kept.
+      log_first: the first of them ("" when none), at most
+        `logs.FIRST_LINE_CHARS` characters.
 
     Example:
       >>> Outcome("ab12", "cut", 1, "invalid specs: ...").cut_stage
@@ -76,6 +100,8 @@ class Outcome:
     flops: float | None = None
     collective_bytes: float | None = None
     cache_hit: bool = False
+    log_count: int = 0
+    log_first: str = ""
 
     def __post_init__(self) -> None:
         # Stored outcomes come back with the plain string and int.
@@ -127,6 +153,14 @@ class Context:
       compile_timeout: seconds before a compile counts as failed.
       hardware: the model behind the static objective (default by platform).
       compiles: how many compiles this context has run (for tests and reports).
+      isolation: a `search.isolate.Isolation` when stages 2 and 3 run in a
+        worker process, None to run them in this one.
+      execute_timeout: seconds a running candidate may go without finishing
+        a step before its worker is stopped (isolated runs only).
+      verbose: print each candidate's caught log lines to stderr.
+      progress: called with "compiling", "running" and "step" as the
+        evaluation goes; a worker uses it to tell the study process it is
+        alive. None in the study process.
     """
 
     step: Callable[..., Any]
@@ -142,10 +176,31 @@ class Context:
     compile_timeout: float = 600.0
     hardware: HardwareModel | None = None
     compiles: int = 0
+    isolation: Any = None
+    execute_timeout: float = EXECUTE_TIMEOUT
+    verbose: bool = False
+    progress: Callable[[str], None] | None = None
 
     @property
     def analyzer(self) -> ShardingAnalyzer:
         return ShardingAnalyzer(self.mesh)
+
+    def close(self) -> None:
+        """Stops the worker process, if any; a later evaluation starts a new one."""
+        if self.isolation is not None:
+            self.isolation.close()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def progress(ctx: Context, event: str) -> None:
+    """Tells the context's watcher (a worker's study process) how far it got."""
+    if ctx.progress is not None:
+        ctx.progress(event)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +307,7 @@ def monitored_step(specs: Sequence[Any], ctx: Context) -> Callable[..., Any]:
 def compile_step(specs: Sequence[Any], ctx: Context) -> tuple[CompiledStep, float]:
     """Lowers and compiles the step on the abstract arguments (nothing is
     allocated); raises TimeoutError past `ctx.compile_timeout`."""
+    progress(ctx, "compiling")
     monitored = monitored_step(specs, ctx)
     try:
         executable, seconds = monitored.compile(*ctx.abstract_args)
@@ -276,6 +332,9 @@ def evaluate(
 ) -> Outcome:
     """Runs stages 1 and 2 on resolved specs, then the objective; says what happened.
 
+    Stage 1 runs here; stage 2 and the objective run in the context's worker
+    process when it has one (`ctx.isolation`), else here (`compile_and_score`).
+
     Args:
       specs: spec trees for `(state, *batch)`.
       fp: their fingerprint.
@@ -292,6 +351,31 @@ def evaluate(
     if cut is not None:
         return cut
     memory = {"arguments": args_bytes}
+    if ctx.isolation is not None:
+        outcome, log = ctx.isolation.evaluate(ctx, specs, fp, memory, report, run)
+    else:
+        with _logs.capture_stderr() as caught:
+            outcome = compile_and_score(specs, fp, ctx, memory, report, run)
+        log = caught[0]
+    if ctx.verbose:
+        _logs.echo(log.text, f"candidate {fp}")
+    return dataclasses.replace(outcome, log_count=log.count, log_first=log.first)
+
+
+def compile_and_score(
+    specs: Sequence[Any],
+    fp: str,
+    ctx: Context,
+    memory: dict[str, int],
+    report: Callable[[int, float], bool] | None = None,
+    run: bool = True,
+) -> Outcome:
+    """Stage 2 and the objective, in whichever process runs the candidate.
+
+    A compile or a step that raises is the candidate's failure, not the
+    study's: it comes back as a FAILED outcome with the error.
+    """
+    memory = dict(memory)
     try:
         compiled, compile_seconds = compile_step(specs, ctx)
     except Exception as err:  # any compile error is the candidate's, not the study's
@@ -309,7 +393,34 @@ def evaluate(
                    f"{ctx.budget}")
     if not run and ctx.objective.needs_host_args:
         return candidate.outcome(COMPLETE)
-    return ctx.objective.score(candidate, ctx, report)
+    try:
+        return ctx.objective.score(candidate, ctx, report)
+    except Exception as err:  # a step that raises on the devices fails this candidate only
+        return candidate.outcome(FAILED, reason=f"step raised while measuring: {error_line(err)}")
+
+
+def error_line(err: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message.
+
+    A message that quotes a Python traceback (a host callback's error, as
+    XLA reports it) also gives the traceback's last line: the error itself.
+
+    Example:
+      >>> error_line(ValueError("bad shape (2, 4)\nmore"))
+      'ValueError: bad shape (2, 4)'
+      >>> error_line(RuntimeError("CpuCallback error: Traceback (most recent call "
+      ...                         "last):\n  File ...\nValueError: bad shape"))
+      'RuntimeError: CpuCallback error: Traceback (most recent call last): … ValueError: bad shape'
+    """
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(lines) > 1 and "Traceback (most recent call last)" in str(err):
+        text = f"{text} … {lines[-1]}"
+    return f"{type(err).__name__}: {text}".rstrip(": ")
+
+
+class NonFinite(ValueError):
+    """The step's outputs hold NaN or Inf (`time_steps` raises it, `measure` records it)."""
 
 
 def measure(
@@ -319,10 +430,17 @@ def measure(
     report: Callable[[int, float], bool] | None,
     base: dict[str, Any],
 ) -> Outcome:
-    """Stage 3: times the compiled step on fresh buffers, state donated."""
+    """Stage 3: times the compiled step on fresh buffers, state donated.
+
+    A candidate whose outputs hold NaN or Inf after the warm-up (or after
+    the timed steps) fails with a reason that starts with `NONFINITE`.
+    """
     if ctx.host_args is None:
         raise ValueError("the measured objective needs concrete arguments")
-    times = time_steps(compiled, specs, ctx, ctx.repeats, report)
+    try:
+        times = time_steps(compiled, specs, ctx, ctx.repeats, report)
+    except NonFinite as err:
+        return Outcome(status=FAILED, reason=f"{NONFINITE}: {err}", **base)
     if len(times) < ctx.repeats:
         return Outcome(
             status=CUT, cut_stage=Stage.MEASURE, step_times=tuple(times),
@@ -334,6 +452,7 @@ def measure(
 
 def place(specs: Sequence[Any], ctx: Context) -> list[Any]:
     """Fresh device buffers for the arguments, placed with the candidate's specs."""
+    progress(ctx, "running")
     shardings = tuple(
         jax.tree.map(lambda s: NamedSharding(ctx.mesh, s), tree,
                      is_leaf=lambda s: isinstance(s, PartitionSpec))
@@ -355,11 +474,143 @@ def time_steps(
 ) -> list[float]:
     """Runs warm-ups then up to `repeats` timed steps through the monitored
     wrapper; stops early when `report` says so. The state output feeds the
-    next step, as in training."""
+    next step, as in training.
+
+    Raises:
+      NonFinite: the outputs hold NaN or Inf after the warm-ups or at the end.
+    """
+    monitored = compiled.monitored
+    args = tuple(place(specs, ctx))
+    result = None
+    for _ in range(ctx.warmup):
+        result, _metrics = monitored(*args)
+        args = next_step(result, args)
+        progress(ctx, "step")
+    if result is not None:
+        check_finite(result, f"after {ctx.warmup} warm-up step(s)")
+
     def on_repeat(i: int, metrics: dict[str, Any]) -> bool:
+        progress(ctx, "step")
         return report is not None and bool(report(i, metrics["execution_time"]))
 
-    _result, timed = compiled.monitored.repeat(
-        *place(specs, ctx), repeats=repeats, warmup=ctx.warmup, feed=next_step,
-        on_repeat=on_repeat)
+    result, timed = monitored.repeat(*args, repeats=repeats, warmup=0, feed=next_step,
+                                     on_repeat=on_repeat)
+    if timed:
+        check_finite(result, f"after {ctx.warmup + len(timed)} step(s)")
     return [m["execution_time"] for m in timed]
+
+
+@jax.jit
+def _all_finite(leaves: list[Any]) -> Any:
+    # One small program over every float leaf: the state stays on the devices,
+    # only one bool per leaf comes back.
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+
+
+def check_finite(result: Any, when: str, state: bool = False) -> None:
+    """Raises NonFinite naming the first leaf of the step's metrics (and, with
+    `state`, of its new state) that holds NaN or Inf.
+
+    Candidates check the metrics only: they come to the host for free, while
+    scanning the state on the devices costs a compile per sharding (about a
+    tenth of a gpt:tiny candidate's). A state that turned non-finite shows in
+    the next step's loss, which the check after the timed steps sees. The
+    replicated plan's check before the search scans the state too.
+
+    Example: a step whose loss overflowed raises
+    `NonFinite("metrics['loss'] is nan after 2 warm-up step(s)")`.
+    """
+    pair = isinstance(result, tuple | list) and len(result) == 2
+    metrics, new_state = (result[1], result[0]) if pair else (result, None)
+    host = jax.device_get(metrics)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(host)[0]:
+        value = np.asarray(leaf)
+        if _inexact(value) and not np.all(np.isfinite(value)):
+            where = f"metrics{jax.tree_util.keystr(path)}"
+            if value.size == 1:
+                raise NonFinite(f"{where} is {float(value.reshape(()))} {when}")
+            raise NonFinite(f"{where} holds NaN or Inf {when}")
+    if not state or new_state is None:
+        return
+    found = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(new_state)[0]
+             if _inexact(x)]
+    if not found:
+        return
+    ok = np.asarray(_all_finite([x for _p, x in found]))
+    for (path, _leaf), finite in zip(found, ok, strict=True):
+        if not finite:
+            raise NonFinite(f"state{jax.tree_util.keystr(path)} holds NaN or Inf {when}")
+
+
+def _inexact(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def preflight(ctx: Context, replicated: Sequence[Any] | None) -> None:
+    """What `optimize` does before its first trial: starts the context's
+    worker (without isolation when it cannot start and isolation was not
+    forced), then runs the replicated plan's first steps.
+
+    Raises:
+      ValueError: the step's outputs hold NaN or Inf under the replicated
+        plan, or a forced worker did not start.
+    """
+    if ctx.isolation is not None and not ctx.isolation.start():
+        ctx.isolation = None
+    problem = nonfinite_under(replicated, ctx)
+    if problem is not None:
+        ctx.close()
+        raise ValueError(
+            f"optimize: the step gives non-finite values under the replicated plan "
+            f"({problem}), so the step itself is broken, not a sharding; fix the step or "
+            "its arguments before searching")
+
+
+def nonfinite_under(specs: Sequence[Any] | None, ctx: Context) -> str | None:
+    """Runs the warm-up steps under `specs` and says where NaN or Inf appear.
+
+    What `optimize` asks of the replicated plan before searching: a step
+    that gives non-finite values even there is broken itself. Returns None
+    when the outputs are finite, and also when the plan cannot tell (it does
+    not fit the budget, fails to compile or raises: the search records that
+    on its own trial). Runs in the context's worker when it has one.
+    """
+    if specs is None or not ctx.objective.needs_host_args:
+        return None
+    if ctx.isolation is not None:
+        return ctx.isolation.nonfinite_under(ctx, specs)
+    with _logs.capture_stderr() as caught:
+        try:
+            problem = first_steps(specs, ctx)
+        except Exception:  # the replicated baseline's own trial records it
+            problem = None
+    if ctx.verbose:
+        _logs.echo(caught[0].text, "the replicated plan")
+    return problem
+
+
+def first_steps(specs: Sequence[Any], ctx: Context) -> str | None:
+    """`nonfinite_under` in the process that runs the step.
+
+    Raises:
+      Exception: whatever compiling or running the step raised.
+    """
+    cut, _args_bytes = check(specs, "", ctx)
+    if cut is not None:
+        return None
+    compiled, _seconds = compile_step(specs, ctx)
+    total = XlaMemory.from_compiled(compiled).total
+    if ctx.budget is not None and total > ctx.budget:
+        return None
+    args = tuple(place(specs, ctx))
+    steps = max(ctx.warmup, 1)
+    for _ in range(steps):
+        result, _metrics = compiled.monitored(*args)
+        args = next_step(result, args)
+        progress(ctx, "step")
+    try:
+        check_finite(result, f"after {steps} step(s)", state=True)
+    except NonFinite as err:
+        return str(err)
+    return None

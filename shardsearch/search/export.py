@@ -21,7 +21,9 @@ from ..plan.writer import plan_config, versions
 from ..rules.base import rule_from_config
 from .confirm import median_ci
 from .evaluate import Outcome
+from .identity import check_workload
 from .objectives import OBJECTIVES
+from .ownership import INTERRUPTED
 from .record import TrialRecord, summarize
 from .stages import COMPLETE, stage_label
 
@@ -55,8 +57,10 @@ def export_config(
       rules, mesh and results are still there).
 
     Raises:
-      ValueError: the study has no such trial, no completed trial, no
-        shardsearch attributes, or names a workload factory and none was given.
+      ValueError: the study has no such trial (or it was interrupted before
+        it recorded anything), no completed trial, no shardsearch attributes,
+        names a workload factory and none was given, or searched another
+        workload than the one given (or arguments with other leaves).
 
     Example:
       >>> write_config(export_config(result), "plan.json")
@@ -68,6 +72,7 @@ def export_config(
         raise ValueError(
             f"{where} has no shardsearch trials; export studies that shardsearch.optimize "
             "(or `shardsearch optimize`) ran")
+    check_workload(study, workload, args)
     best = _best_record(records, summary, where)
     chosen = best if trial is None else _trial(records, trial, where)
     mesh_axes = {str(k): int(v) for k, v in dict(attrs["mesh"]).items()}
@@ -130,6 +135,10 @@ def _best_record(records: list[TrialRecord], summary: Mapping[str, Any] | None,
 
 def _trial(records: list[TrialRecord], number: int, where: str) -> TrialRecord:
     for record in records:
+        if record.number == number and not record.state_rule:  # interrupted
+            raise ValueError(
+                f"{where}: trial {number} was interrupted before it recorded its candidate; "
+                "export another trial (or the winner)")
         if record.number == number:
             return record
     numbers = [r.number for r in records]
@@ -165,8 +174,12 @@ def _results(chosen: TrialRecord, records: list[TrialRecord],
     confirmation = dict(summary.get("confirmation") or {})
     rows: dict[str, dict[str, Any]] = {}
     for record in records:
-        if record.label != "search":
-            rows.setdefault(record.label, _row(record, confirmation, objective))
+        if record.label == "search":
+            continue
+        earlier = rows.get(record.label)
+        # A baseline interrupted in one run and evaluated in a later one: the later row.
+        if earlier is None or (_interrupted(earlier) and record.outcome.reason != INTERRUPTED):
+            rows[record.label] = _row(record, confirmation, objective)
     winner = _row(chosen, confirmation, objective)
     experts = {k: v["median_seconds"] for k, v in rows.items()
                if k not in NOT_EXPERT and v["median_seconds"] is not None}
@@ -202,7 +215,13 @@ def _row(record: TrialRecord, confirmation: Mapping[str, Any],
     return {"label": record.label, "trial": record.number, "status": o.status.value,
             "cut_stage": stage_label(o.cut_stage),
             "reason": o.reason or None, "median_seconds": median, "ci_seconds": ci,
-            "timed_in": timed_in, "memory_per_device": dict(sorted(o.memory.items()))}
+            "timed_in": timed_in, "memory_per_device": dict(sorted(o.memory.items())),
+            # XLA's log lines while it compiled and ran (e.g. rematerialization warnings).
+            "log_lines": o.log_count, "log_first": o.log_first or None}
+
+
+def _interrupted(row: Mapping[str, Any]) -> bool:
+    return row["status"] == "failed" and row["reason"] == INTERRUPTED
 
 
 def _timed_in(objective: str | None, outcome: Outcome) -> str:

@@ -26,14 +26,29 @@ from ..rules.base import ShardingRule
 from . import evaluate as _evaluate
 from .candidate import Candidate
 from .context import baseline_candidates, make_context, make_space
-from .evaluate import Context, Outcome
+from .evaluate import EXECUTE_TIMEOUT, Context, Outcome
 from .finish import finish
+from .identity import bind_study, identity_of
 from .objectives import Objective
+from .ownership import (
+    BaselineClaims,
+    Heartbeat,
+    fail_stale_trials,
+    interrupts_deferred,
+    mark_interrupted,
+)
 from .record import TrialRecord
 from .result import OptimizeResult
 from .space import SearchSpace
 from .stages import COMPLETE, CUT, Stage
-from .storage import SAMPLER, make_sampler, open_study, use_compile_cache
+from .storage import (
+    SAMPLER,
+    check_study_name,
+    close_storage,
+    make_sampler,
+    open_study,
+    use_compile_cache,
+)
 
 
 def _study_name(label: str, mesh: Any, objective: str, abstract_args: Any) -> str:
@@ -68,6 +83,10 @@ def optimize(
     hardware: HardwareModel | None = None,
     compile_cache: str | Path | None = None,
     quiet: bool = False,
+    space: str = "both",
+    isolate: bool | None = None,
+    execute_timeout: float = EXECUTE_TIMEOUT,
+    verbose: bool = False,
 ) -> OptimizeResult:
     """Searches rule parameters for the fastest sharding of `step` on `mesh`.
 
@@ -102,6 +121,22 @@ def optimize(
         set. None leaves JAX's configuration alone. Compiles served from it
         record their (short) real compile seconds.
       quiet: no progress bar.
+      isolate: compile and run candidates in a worker process that this one
+        supervises (`search.isolate`), so one that crashes, hangs or raises
+        fails alone. None (the default): isolated when the step can reach a
+        worker (exportable with `jax.export`, or importable), else here with
+        an `IsolationWarning`; True: isolated or a ValueError; False: here.
+      execute_timeout: seconds an isolated candidate may go without
+        finishing a step before its worker is stopped and it fails.
+      verbose: print each candidate's XLA log lines (always counted in its
+        outcome: `log_count`, `log_first`).
+      space: the families searched: "rules" (the seed rules; a study started
+        before logical axes existed resumes only with this), "logical" (one
+        logical-axis assignment for state and batch) or "both" (a `family`
+        parameter picks one per trial). The step's logical axes are
+        discovered once, here; for "both", a step they cannot be discovered
+        for is searched with "rules" (with a `LogicalAxesWarning`). The
+        default study name gains `/<space>` for "logical" and "both".
 
     Returns:
       An `OptimizeResult`.
@@ -109,34 +144,57 @@ def optimize(
     Raises:
       ValueError: an unusable mesh, arguments the step cannot be traced with,
         a budget below the smallest possible per-device footprint, a bad
-        objective, or a storage that cannot be opened — all before any trial.
+        objective, a step whose outputs hold NaN or Inf under the replicated
+        plan, a storage that cannot be opened, or a study that searched
+        another workload (a raw step: other argument leaves), mesh, objective
+        or space (`search.identity`) — all before any trial, and the last two
+        before anything is written to the study.
+      KeyboardInterrupt: Ctrl-C (or the CLI's SIGTERM); the running trial is
+        first failed with the reason "interrupted" and the storage closed.
     """
     if n_trials < 0 or (timeout is not None and timeout <= 0):
         raise ValueError(f"optimize: need n_trials >= 0 and timeout > 0, got {n_trials=}, "
                          f"{timeout=}")
+    if study_name is not None:
+        check_study_name(study_name)  # before the default could stand in for ""
     if compile_cache is not None:
         use_compile_cache(compile_cache)
     ctx, workload = make_context(
         step, args, mesh, memory_budget=memory_budget, objective=objective, seed=seed,
-        warmup=warmup, repeats=repeats, compile_timeout=compile_timeout, hardware=hardware)
+        warmup=warmup, repeats=repeats, compile_timeout=compile_timeout, hardware=hardware,
+        isolate=isolate, execute_timeout=execute_timeout, verbose=verbose)
+    # Starts the worker, then runs the replicated plan's first steps: a step that
+    # gives NaN or Inf even there is broken itself, and no trial should run.
+    _evaluate.preflight(ctx, _evaluate.resolve(
+        baseline_candidates(None, mesh)["replicated"], ctx)[0])
     step, abstract_args, budget = ctx.step, ctx.abstract_args, ctx.budget
     n_devices = _mesh.device_count(mesh)
 
-    space = make_space(mesh, abstract_args[0], budget, extra_rules)
+    space = make_space(mesh, abstract_args[0], budget, extra_rules, space=space, step=step,
+                       args=abstract_args)
     label = workload.name if workload is not None else getattr(step, "__name__", "step")
     scorer = ctx.objective
-    name = study_name or _study_name(label, mesh, scorer.name, abstract_args)
+    name = study_name or (_study_name(label, mesh, scorer.name, abstract_args)
+                          + ("" if space.space == "rules" else f"/{space.space}"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         pruner = (optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
                   if scorer.prunes_while_timing else optuna.pruners.NopPruner())
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(storage, name, make_sampler(seed), pruner)
+    try:
+        study = open_study(storage, name, make_sampler(seed), pruner)
+        # Before any write: a study resumes only the search that started it.
+        bind_study(study, identity_of(workload, abstract_args, mesh, scorer.name, space.space))
+    except BaseException:
+        ctx.close()  # the worker, if one started
+        raise
+    fail_stale_trials(study)  # the RUNNING trials of runs that died become "interrupted"
     device = mesh.devices.flat[0]
     # What `shardsearch export` needs to rebuild the plan without this process.
     for key, value in {
         "workload": workload.name if workload is not None else None,
         "mesh": _mesh.axis_sizes(mesh), "objective": scorer.name, "budget": budget,
+        "space": space.space,
         "seed": seed, "sampler": SAMPLER, "hardware": {"platform": device.platform,
                                    "device_kind": device.device_kind,
                                    "device_count": n_devices},
@@ -147,9 +205,16 @@ def optimize(
     study.set_user_attr("result", None)
 
     runner = _Runner(study, ctx, space, quiet)
-    baselines = baseline_candidates(workload, mesh) if warm_start else {}
-    runner.run(baselines, n_trials, timeout)
-    result = finish(runner, workload, mesh, confirm_rounds)
+    baselines = (baseline_candidates(workload, mesh, abstract_args, space.logical)
+                 if warm_start else {})
+    try:
+        runner.run(baselines, n_trials, timeout)
+        result = finish(runner, workload, mesh, confirm_rounds)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the CLI: the process is ending
+        close_storage(study)
+        raise
+    finally:
+        ctx.close()  # the worker process, if any
     summary = result.to_json()
     del summary["trials"]  # every trial already carries its own record
     study.set_user_attr("result", summary)
@@ -173,26 +238,39 @@ class _Runner:
 
     def run(self, baselines: Mapping[str, Candidate], n_trials: int,
             timeout: float | None) -> None:
-        done_labels = {r.label for r in self.records}
-        queue = [c for name, c in baselines.items() if name not in done_labels]
+        # Baselines this study already has, or another run is running, are skipped.
+        claims = BaselineClaims(self.study, list(baselines))
         start = time.perf_counter()
         progress = _progress(n_trials, self.quiet)
         try:
-            for i in range(n_trials):
+            for _ in range(n_trials):
                 if timeout is not None and time.perf_counter() - start > timeout:
                     break
-                self.one(queue[i] if i < len(queue) else None)
+                self.one(claims, baselines)
                 progress(self.records)
         finally:
             progress(None)
 
-    def one(self, baseline: Candidate | None) -> TrialRecord:
-        trial = self.study.ask()
+    def one(self, claims: BaselineClaims, baselines: Mapping[str, Candidate]) -> TrialRecord:
+        trial = None
         try:
-            return self._one(trial, baseline)
+            with interrupts_deferred():  # a trial is never left without its owner
+                trial, name = claims.ask()
+            with Heartbeat(trial):
+                return self._one(trial, baselines[name] if name is not None else None)
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM: close the trial rather than leave it RUNNING.
+            if trial is not None:
+                try:
+                    mark_interrupted(self.study, trial)
+                except Exception as err:  # the interrupt must stay one
+                    warnings.warn(
+                        f"shardsearch: trial {trial.number} could not be marked interrupted "
+                        f"({type(err).__name__}: {err}); the next run on the study will",
+                        RuntimeWarning, stacklevel=2)
+            raise
         except BaseException:
-            # Ctrl-C or an error of ours: close the trial rather than leave it
-            # RUNNING in the storage forever.
+            # An error of ours: close the trial rather than leave it RUNNING.
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
 

@@ -8,6 +8,7 @@ from typing import Any
 import optuna
 
 from .evaluate import Outcome
+from .ownership import INTERRUPTED, LABEL_ATTR, REASON_ATTR
 from .stages import COMPLETE, FAILED, Stage
 
 
@@ -40,17 +41,27 @@ class TrialRecord:
 
     @classmethod
     def from_trial(cls, trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
-        """Rebuilds a record from a stored trial, or None for foreign trials."""
+        """Rebuilds a record from a stored trial, or None for foreign trials.
+
+        A trial whose run stopped before recording it ("reason": "interrupted")
+        becomes a failed record with that reason and no rules.
+        """
         attrs = trial.user_attrs
         if "outcome" not in attrs:
-            return None
+            if trial.state != optuna.trial.TrialState.FAIL or \
+                    attrs.get(REASON_ATTR) != INTERRUPTED:
+                return None
+            return cls(trial.number, attrs.get(LABEL_ATTR, "search"), dict(trial.params),
+                       Outcome("", FAILED, reason=INTERRUPTED), {}, {})
         return cls(trial.number, attrs.get("label", "search"), dict(trial.params),
                    Outcome.from_json(attrs["outcome"]), attrs["state_rule"],
                    attrs["batch_rule"], attrs.get("seconds", 0.0))
 
 
 def summarize(records: list[TrialRecord]) -> dict[str, int]:
-    """Counts trials by outcome: completed, cut at each stage, failed, cache hits.
+    """Counts trials by outcome: completed, cut at each stage, failed, cache hits,
+    and, only when there are some, those interrupted before they recorded an
+    outcome (not counted as failed).
 
     Example:
       >>> summarize(records)
@@ -64,6 +75,8 @@ def summarize(records: list[TrialRecord]) -> dict[str, int]:
         out["cache_hits"] += bool(o.cache_hit)
         if o.status == COMPLETE:
             out["completed"] += 1
+        elif o.status == FAILED and o.reason == INTERRUPTED:
+            out["interrupted"] = out.get("interrupted", 0) + 1
         elif o.status == FAILED:
             out["failed"] += 1
         else:

@@ -25,13 +25,20 @@ from typing import Any
 import optuna
 
 from ..base import mesh as _mesh
+from ..logical.axes import LogicalAxes
 from ..rules.auto import AutoShardingRule
 from ..rules.base import ShardingRule
 from ..rules.batch import BatchShardingRule
 from ..rules.composite import CompositeShardingRule
 from ..rules.memory import MemoryConstrainedShardingRule
 from .candidate import Candidate
+from .logical_block import SPACES, FamilyBlock, LogicalBlock, When, offered_axes
 from .params import Draft, Param, ParamBlock
+
+# Recorded in every study (`search.identity`): a run resumes a study only over
+# the same version. Raise it whenever a built-in block's parameter names,
+# kinds, ranges or order change, since old trials would no longer fit.
+SPACE_VERSION = "1"
 
 
 def lehmer_decode(code: Sequence[int], items: Sequence[Any]) -> list[Any]:
@@ -187,12 +194,17 @@ class SearchSpace:
     To add a block, return it from `blocks()` (a subclass may override it);
     `suggest` and `enumerate` need no edit. A block that switches a state
     rule on goes before the CompositionBlock and its rule's name goes in
-    `rule_names()`. Issue 13's logical axes fit this way: a
-    `space="rules"|"logical"|"both"` field here, a `LogicalAxesBlock` (its
-    `logical_*` parameters building one logical-axis rule named "logical")
-    that `blocks()` puts before the CompositionBlock for "logical" and
-    "both", and "logical" in `rule_names()` for those. With "rules", the
-    blocks and names stay as they are, so existing studies resume unchanged.
+    `rule_names()`.
+
+    `space` picks the families (issue 13's logical axes, `logical_block.py`):
+    "rules" is the list above, unchanged, so existing studies resume;
+    "logical" is `batch_axes` then one `logical_<name>` per offered logical
+    axis (`LogicalBlock`); "both" asks `family ∈ {"rules", "logical"}` first,
+    then the rules blocks' parameters (asked only when family == "rules"),
+    `batch_axes` (always), and the logical block's (only when family ==
+    "logical"). The logical family's candidate holds one assignment's
+    `LogicalAxisRule`s, for the state and for the batch (`batch_axes` gives
+    the batch's logical axes their mesh axes).
 
     Args:
       mesh: the mesh (concrete or abstract) the rules are built for.
@@ -202,6 +214,11 @@ class SearchSpace:
         `min_shard_size` choices.
       extra_rules: user rules by name, each switched on or off by the search.
       memory_fractions: the `memory_fraction` choices.
+      space: "rules", "logical" or "both" (see above).
+      logical: the step's logical axes (`discover_logical_axes`); needed for
+        "logical" and "both".
+      logical_max_axes: at most this many logical axes are offered, largest
+        first (`logical_block.offered_axes`).
 
     Example:
       `SearchSpace(mesh, 1 << 30, 1 << 20).suggest(optuna.trial.FixedTrial(
@@ -214,9 +231,23 @@ class SearchSpace:
     max_leaf_size: int
     extra_rules: Mapping[str, ShardingRule] = dataclasses.field(default_factory=dict)
     memory_fractions: tuple[float, ...] = (0.02, 0.05, 0.1, 0.25, 0.5)
+    space: str = "rules"
+    logical: LogicalAxes | None = None
+    logical_max_axes: int = 6
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra_rules", dict(self.extra_rules))
+        if self.space not in SPACES:
+            raise ValueError(f"SearchSpace: space={self.space!r}; choose one of {SPACES}")
+        if self.space != "rules" and not isinstance(self.logical, LogicalAxes):
+            raise ValueError(
+                f"SearchSpace: space={self.space!r} needs the step's logical axes, got "
+                f"logical={type(self.logical).__name__}; pass "
+                "logical=discover_logical_axes(step, args) or use space='rules'")
+        if isinstance(self.logical_max_axes, bool) or not isinstance(
+                self.logical_max_axes, int) or self.logical_max_axes < 0:
+            raise ValueError(f"SearchSpace: logical_max_axes must be an int >= 0, got "
+                             f"{self.logical_max_axes!r}")
         for name, rule in self.extra_rules.items():
             if not isinstance(rule, ShardingRule):
                 raise TypeError(
@@ -257,10 +288,21 @@ class SearchSpace:
         """Every rule the composition may hold, in the order priorities refer to."""
         return ("memory", "auto", *self.extra_rules)
 
+    def logical_axes(self) -> tuple[str, ...]:
+        """The logical axes the logical family offers (none for "rules")."""
+        if self.space == "rules" or self.logical is None:
+            return ()
+        return offered_axes(self.logical, self.mesh, self.logical_max_axes)
+
     def blocks(self) -> tuple[ParamBlock, ...]:
         """The parameter blocks, in the order their parameters are asked."""
-        return (AutoRuleBlock(), MemoryRuleBlock(), ExtraRulesBlock(), CompositionBlock(),
-                BatchBlock())
+        rules = (AutoRuleBlock(), MemoryRuleBlock(), ExtraRulesBlock(), CompositionBlock())
+        if self.space == "rules":
+            return (*rules, BatchBlock())
+        if self.space == "logical":
+            return (BatchBlock(), LogicalBlock())
+        return (FamilyBlock(), *(When(b, "rules") for b in rules), BatchBlock(),
+                When(LogicalBlock(), "logical"))
 
     def params(self) -> tuple[Param, ...]:
         """Every block's parameters, in the order a trial is asked for them.

@@ -8,11 +8,14 @@ opens a study and asks it for trials.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import jax
 import optuna
+
+from ..base.secrets import hide_secrets, redact_url
 
 DEFAULT_DIR = Path(".shardsearch")
 
@@ -42,7 +45,11 @@ def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
 
 def open_study(storage: str | None, study_name: str, sampler: Any = None,
                pruner: Any = None, create: bool = True) -> optuna.Study:
-    """Creates or resumes a study; a storage that cannot be opened is a ValueError."""
+    """Creates or resumes a study; a storage that cannot be opened is a ValueError.
+
+    Errors show the URL with its passwords hidden (`base.secrets`).
+    """
+    check_study_name(study_name)
     url = storage or default_storage()
     try:
         if create:
@@ -53,14 +60,78 @@ def open_study(storage: str | None, study_name: str, sampler: Any = None,
                                  pruner=pruner)
     except KeyError:
         raise ValueError(
-            f"no study named {study_name!r} in storage {url!r}; list them with "
+            f"no study named {study_name!r} in storage {redact_url(url)!r}; list them with "
             "optuna.get_all_study_summaries or check the name") from None
     except Exception as err:
         if isinstance(err, ValueError) and "study" in str(err).lower():
-            raise
+            raise ValueError(hide_secrets(str(err), url)) from None
+        # Optuna's "Failed to import DB access module" leaves out which module.
+        cause = f" ({err.__cause__})" if isinstance(err, ImportError) and err.__cause__ else ""
         raise ValueError(
-            f"cannot open storage {url!r}: {type(err).__name__}: {err}; give an Optuna "
-            "storage URL such as sqlite:///path/to/studies.db") from None
+            f"cannot open storage {redact_url(url)!r}: {type(err).__name__}: "
+            f"{hide_secrets(str(err) + cause, url)}; give an Optuna storage URL such as "
+            "sqlite:///path/to/studies.db") from None
+
+
+def check_study_name(name: Any) -> str:
+    """`name` when it can name a study: a non-empty string printable on one line.
+
+    An empty name must not quietly become the default one, and a line break
+    would split every message that quotes it. Example: "gpt-dp2" → "gpt-dp2";
+    "" and "a\nb" raise ValueError.
+    """
+    if not isinstance(name, str) or not name.strip() or not name.isprintable():
+        raise ValueError(
+            f"study name {name!r}: give a non-empty name printable on one line (no line "
+            "breaks or control characters), e.g. 'gpt-small-dp2-tp4'")
+    return name
+
+
+def is_resumable(storage: Any) -> bool:
+    """Whether a study in `storage` outlives this process, so that a later run
+    resumes it: False for an in-memory SQLite URL ("sqlite://",
+    "sqlite:///:memory:", "mode=memory") and Optuna's InMemoryStorage.
+
+    Example:
+      >>> is_resumable("sqlite:///studies.db"), is_resumable("sqlite://")
+      (True, False)
+    """
+    if storage is None:
+        return True  # the default SQLite file
+    if isinstance(storage, optuna.storages.InMemoryStorage):
+        return False
+    if not isinstance(storage, str):
+        return True
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(storage)
+    except Exception:  # not a URL open_study can use either; it reports that
+        return True
+    if url.get_backend_name() != "sqlite":
+        return True
+    database = url.database or ""
+    return not (database in ("", ":memory:") or database.startswith("file::memory:")
+                or url.query.get("mode") == "memory")
+
+
+def close_storage(study: optuna.Study) -> None:
+    """Closes the connections of a study's relational storage (a no-op for others).
+
+    For a run that stops: its last writes are committed, and the database
+    sees its connections end rather than vanish. The study stays usable: a
+    later call opens new connections.
+    """
+    # Optuna wraps an RDBStorage (`engine`) in a cache (`_backend`); neither is public.
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    # Closing an in-memory database would erase it (its URL has no password).
+    if engine is None or not is_resumable(str(engine.url)):
+        return
+    # Best effort: it runs on the way out of an interrupt, which must stay one.
+    with contextlib.suppress(Exception):
+        backend.remove_session()
+        engine.dispose()
 
 
 def use_compile_cache(folder: str | Path) -> Path:

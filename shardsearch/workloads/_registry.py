@@ -85,8 +85,10 @@ def get_workload(name: str) -> Workload:
         The workload.
 
     Raises:
-        ValueError: unknown built-in model or size, or a factory module /
-            function that cannot be imported or found.
+        ValueError: unknown built-in model or size, a factory module /
+            function that cannot be imported or found, or a factory (or its
+            module, while imported) that called `sys.exit`. Anything else a
+            factory raises reaches the caller as raised.
         TypeError: `name` is not a str, the factory is not callable, or it
             returned something other than a `Workload`.
 
@@ -114,6 +116,8 @@ def get_workload(name: str) -> Workload:
 def _from_factory(name: str, module_name: str, attr_path: str) -> Workload:
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:
+        raise _exited(name, "importing its module", e) from None
     except ImportError as e:
         hint = "" if "." in module_name else (
             f"; built-in workloads are {list(_PRESETS)}")
@@ -131,10 +135,21 @@ def _from_factory(name: str, module_name: str, attr_path: str) -> Workload:
     if not callable(factory):
         raise TypeError(f"workload factory {name!r} is a {type(factory).__name__}, not "
                         "callable; it must be a zero-argument function returning a Workload")
-    workload = factory()
+    try:
+        workload = factory()
+    except SystemExit as e:
+        raise _exited(name, "calling it", e) from None
     if not isinstance(workload, Workload):
         raise TypeError(
             f"workload factory {name!r} returned {type(workload).__name__}, expected a "
             "shardsearch.workloads.Workload; build one with Workload(name=..., step=..., "
             "init=..., abstract=..., flops_per_step=..., n_params=...)")
     return workload
+
+
+def _exited(name: str, when: str, exit: SystemExit) -> ValueError:
+    # A factory that calls sys.exit (or `builtins:exit`) must not end the
+    # caller's process, least of all with exit code 0 and no word.
+    return ValueError(
+        f"workload factory {name!r} raised SystemExit({exit.code!r}) while {when} (it "
+        "called sys.exit or exit()); a factory must return a Workload")
