@@ -123,12 +123,13 @@ def test_every_public_name_is_defined_outside_the_front(name):
     assert value.__module__.startswith("shardsearch.") and value.__module__ != "shardsearch"
 
 
-RECORDED_PLANS = sorted((ROOT / "rules").glob("*/*.json"))
-RECORDED_SUITES = sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()
-                         if (p / "entries").is_dir())
+RECORDED_PLANS = sorted((ROOT / "rules").rglob("*.json"))
+RECORDED_SUITES = sorted(str(p.parent.relative_to(ROOT / "benchmarks" / "results"))
+                         for p in (ROOT / "benchmarks" / "results").rglob("entries")
+                         if p.is_dir())
 
 
-@pytest.mark.parametrize("path", RECORDED_PLANS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", RECORDED_PLANS, ids=lambda p: str(p.relative_to(ROOT / "rules")))
 def test_recorded_plans_still_load_and_give_their_recorded_specs(path):
     plan = shardsearch.load_plan(path)
     recorded = plan.recorded_specs
@@ -145,8 +146,9 @@ def test_recorded_suite_reports_regenerate_byte_for_byte(suite):
     from shardsearch.bench import report
 
     folder = ROOT / "benchmarks" / "results" / suite
-    records = report.load_entries(bench.load_suite(suite), folder)
+    loaded = bench.load_suite(folder.name)
+    records = report.load_entries(loaded, folder)
     machine = json.loads((folder / "machine.json").read_text(encoding="utf-8"))
     assert records
-    assert report.markdown(bench.load_suite(suite), records, machine) == (
+    assert report.markdown(loaded, records, machine) == (
         folder / "results.md").read_text(encoding="utf-8")
