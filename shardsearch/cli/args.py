@@ -121,6 +121,30 @@ def usage(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise UsageError(str(err)) from None
 
 
+def mesh_option(text: str | None, verb: str) -> Any:
+    """The abstract mesh `--mesh AXES` names (None without the option): a plan
+    is applied on it with no devices, so every size must be given."""
+    if text is None:
+        return None
+    from ..base.mesh import abstract_mesh, parse_mesh
+
+    dims, names = usage(parse_mesh, text)
+    if -1 in dims:
+        raise UsageError(f"--mesh {text}: give every size (no -1) to {verb} a plan")
+    return usage(abstract_mesh, dims, names)
+
+
+def read_file(fn: Callable[..., Any], path: str, *args: Any) -> Any:
+    """`fn(path, *args)` on a file the user named; an unreadable or malformed
+    file is a usage error naming it."""
+    try:
+        return fn(path, *args)
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def workload(name: str) -> Any:
     """The workload `--workload NAME` names; any failure to build it is a usage error."""
     from ..workloads import get_workload

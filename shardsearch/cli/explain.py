@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .args import Command, UsageError, usage, workload
+from .args import Command, UsageError, mesh_option, read_file, usage, workload
 from .render import arg_name, axes, spec_text, table
 
 
@@ -29,20 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     from ..base.jsonfile import read_json
-    from ..base.mesh import abstract_mesh, parse_mesh
 
-    mesh = None
-    if a.mesh is not None:
-        dims, names = usage(parse_mesh, a.mesh)
-        if -1 in dims:
-            raise UsageError(f"--mesh {a.mesh}: give every size (no -1) to explain a plan")
-        mesh = usage(abstract_mesh, dims, names)
-    try:
-        data = read_json(a.file, a.file)
-    except OSError as err:
-        raise UsageError(f"cannot read {a.file}: {err.strerror or err}") from None
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    mesh = mesh_option(a.mesh, "explain")
+    data = read_file(read_json, a.file, a.file)
     state_rule, batch_rule, mesh, recorded = usage(_load, data, mesh, a.file)
     chosen = workload(a.workload) if a.workload else _builtin(recorded_name(data))
     if chosen is not None:

@@ -7,7 +7,7 @@ import sys
 import warnings
 from typing import Any
 
-from .args import Command, UsageError, usage, workload
+from .args import Command, mesh_option, read_file, workload
 from .render import arg_name, axes, leaf_table, plan_header, results_table
 
 
@@ -21,21 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from ..base.mesh import abstract_mesh, parse_mesh
     from ..plan.reader import PlanMismatchWarning, load_plan
 
-    mesh = None
-    if a.mesh is not None:
-        dims, names = usage(parse_mesh, a.mesh)
-        if -1 in dims:
-            raise UsageError(f"--mesh {a.mesh}: give every size (no -1) to show a plan")
-        mesh = usage(abstract_mesh, dims, names)
-    try:
-        plan = load_plan(a.file, mesh)
-    except OSError as err:
-        raise UsageError(f"cannot read {a.file}: {err.strerror or err}") from None
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    mesh = mesh_option(a.mesh, "show")
+    plan = read_file(load_plan, a.file, mesh)
     config = read_json(a.file)
     print(plan_header(a.file, config, plan))
     if plan.results is not None:
