@@ -550,7 +550,8 @@ def _inexact(x: Any) -> bool:
 def preflight(ctx: Context, replicated: Sequence[Any] | None) -> None:
     """What `optimize` does before its first trial: starts the context's
     worker (without isolation when it cannot start and isolation was not
-    forced), then runs the replicated plan's first steps.
+    forced), then runs the replicated plan's first steps. The caller owns
+    the context, and closes it (its worker) whether this raises or not.
 
     Raises:
       ValueError: the step's outputs hold NaN or Inf under the replicated
@@ -560,7 +561,6 @@ def preflight(ctx: Context, replicated: Sequence[Any] | None) -> None:
         ctx.isolation = None
     problem = nonfinite_under(replicated, ctx)
     if problem is not None:
-        ctx.close()
         raise ValueError(
             f"optimize: the step gives non-finite values under the replicated plan "
             f"({problem}), so the step itself is broken, not a sharding; fix the step or "

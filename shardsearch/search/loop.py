@@ -163,58 +163,54 @@ def optimize(
         step, args, mesh, memory_budget=memory_budget, objective=objective, seed=seed,
         warmup=warmup, repeats=repeats, compile_timeout=compile_timeout, hardware=hardware,
         isolate=isolate, execute_timeout=execute_timeout, verbose=verbose)
-    # Starts the worker, then runs the replicated plan's first steps: a step that
-    # gives NaN or Inf even there is broken itself, and no trial should run.
-    _evaluate.preflight(ctx, _evaluate.resolve(
-        baseline_candidates(None, mesh)["replicated"], ctx)[0])
-    step, abstract_args, budget = ctx.step, ctx.abstract_args, ctx.budget
-    n_devices = _mesh.device_count(mesh)
+    # The worker process, if one starts, ends with the search, however it ends.
+    with ctx:
+        # Starts the worker, then runs the replicated plan's first steps: a step that
+        # gives NaN or Inf even there is broken itself, and no trial should run.
+        _evaluate.preflight(ctx, _evaluate.resolve(
+            baseline_candidates(None, mesh)["replicated"], ctx)[0])
+        step, abstract_args, budget = ctx.step, ctx.abstract_args, ctx.budget
+        n_devices = _mesh.device_count(mesh)
 
-    space = make_space(mesh, abstract_args[0], budget, extra_rules, space=space, step=step,
-                       args=abstract_args)
-    label = workload.name if workload is not None else getattr(step, "__name__", "step")
-    scorer = ctx.objective
-    name = study_name or (_study_name(label, mesh, scorer.name, abstract_args)
-                          + ("" if space.space == "rules" else f"/{space.space}"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        pruner = (optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
-                  if scorer.prunes_while_timing else optuna.pruners.NopPruner())
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
+        space = make_space(mesh, abstract_args[0], budget, extra_rules, space=space, step=step,
+                           args=abstract_args)
+        label = workload.name if workload is not None else getattr(step, "__name__", "step")
+        scorer = ctx.objective
+        name = study_name or (_study_name(label, mesh, scorer.name, abstract_args)
+                              + ("" if space.space == "rules" else f"/{space.space}"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            pruner = (optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
+                      if scorer.prunes_while_timing else optuna.pruners.NopPruner())
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = open_study(storage, name, make_sampler(seed), pruner)
         # Before any write: a study resumes only the search that started it.
         bind_study(study, identity_of(workload, abstract_args, mesh, scorer.name, space.space))
-    except BaseException:
-        ctx.close()  # the worker, if one started
-        raise
-    fail_stale_trials(study)  # the RUNNING trials of runs that died become "interrupted"
-    device = mesh.devices.flat[0]
-    # What `shardsearch export` needs to rebuild the plan without this process.
-    for key, value in {
-        "workload": workload.name if workload is not None else None,
-        "mesh": _mesh.axis_sizes(mesh), "objective": scorer.name, "budget": budget,
-        "space": space.space,
-        "seed": seed, "sampler": SAMPLER, "hardware": {"platform": device.platform,
-                                   "device_kind": device.device_kind,
-                                   "device_count": n_devices},
-    }.items():
-        study.set_user_attr(key, value)
-    # A run that dies before finishing must not leave an older run's winner
-    # looking current to `shardsearch export`.
-    study.set_user_attr("result", None)
+        fail_stale_trials(study)  # the RUNNING trials of runs that died become "interrupted"
+        device = mesh.devices.flat[0]
+        # What `shardsearch export` needs to rebuild the plan without this process.
+        for key, value in {
+            "workload": workload.name if workload is not None else None,
+            "mesh": _mesh.axis_sizes(mesh), "objective": scorer.name, "budget": budget,
+            "space": space.space,
+            "seed": seed, "sampler": SAMPLER, "hardware": {"platform": device.platform,
+                                       "device_kind": device.device_kind,
+                                       "device_count": n_devices},
+        }.items():
+            study.set_user_attr(key, value)
+        # A run that dies before finishing must not leave an older run's winner
+        # looking current to `shardsearch export`.
+        study.set_user_attr("result", None)
 
-    runner = _Runner(study, ctx, space, quiet)
-    baselines = (baseline_candidates(workload, mesh, abstract_args, space.logical)
-                 if warm_start else {})
-    try:
-        runner.run(baselines, n_trials, timeout)
-        result = finish(runner, workload, mesh, confirm_rounds)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the CLI: the process is ending
-        close_storage(study)
-        raise
-    finally:
-        ctx.close()  # the worker process, if any
+        runner = _Runner(study, ctx, space, quiet)
+        baselines = (baseline_candidates(workload, mesh, abstract_args, space.logical)
+                     if warm_start else {})
+        try:
+            runner.run(baselines, n_trials, timeout)
+            result = finish(runner, workload, mesh, confirm_rounds)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the CLI: the process is ending
+            close_storage(study)
+            raise
     summary = result.to_json()
     del summary["trials"]  # every trial already carries its own record
     study.set_user_attr("result", summary)
