@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optuna
 import pytest
 from jax.sharding import PartitionSpec as P
+from recording import RecordingTrial
 
 import shardsearch as ss
 from shardsearch.base import tree as _tree
@@ -33,22 +34,6 @@ def gpt():
     workload = get_workload("gpt:tiny")
     args = workload.abstract()
     return workload, args, discover_logical_axes(workload.step, args)
-
-
-class _Recorder(optuna.trial.FixedTrial):
-    """A FixedTrial that notes which parameters it was asked for, in order."""
-
-    def __init__(self, params):
-        super().__init__(params)
-        self.asked = []
-
-    def suggest_int(self, name, low, high, **kw):
-        self.asked.append(name)
-        return super().suggest_int(name, low, high, **kw)
-
-    def suggest_categorical(self, name, choices):
-        self.asked.append(name)
-        return super().suggest_categorical(name, choices)
 
 
 def _declared(space):
@@ -138,7 +123,7 @@ def test_both_asks_family_first_and_each_family_only_when_picked(gpt):
     assert len(combos) == len({tuple(c.items()) for c in combos})
     # Every enumerated dict replays through suggest, asking exactly its parameters.
     for params in combos[:: max(1, len(combos) // 400)] + combos[-3:]:
-        trial = _Recorder(params)
+        trial = RecordingTrial(params)
         candidate = both.suggest(trial)
         assert isinstance(candidate, Candidate)
         assert trial.asked == list(params)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import optuna
 import pytest
 from jax.sharding import PartitionSpec as P
+from recording import RecordingTrial
 
 import shardsearch as ss
 from shardsearch.rules.batch import BatchShardingRule
@@ -130,22 +131,6 @@ def test_space_is_deterministic(mesh24):
 # --------------------------------------------------------------------------- blocks
 
 
-class _Recorder(optuna.trial.FixedTrial):
-    """A FixedTrial that notes which parameters it was asked for, in order."""
-
-    def __init__(self, params):
-        super().__init__(params)
-        self.asked = []
-
-    def suggest_int(self, name, low, high, **kw):
-        self.asked.append(name)
-        return super().suggest_int(name, low, high, **kw)
-
-    def suggest_categorical(self, name, choices):
-        self.asked.append(name)
-        return super().suggest_categorical(name, choices)
-
-
 def test_params_keep_their_names_kinds_ranges_and_order(mesh24):
     # Stored studies and TPE's seeded samples depend on exactly this.
     extra = ss.PathShardingRule([("emb", P("tp"))], mesh=mesh24)
@@ -200,7 +185,7 @@ def test_a_new_block_is_suggested_and_enumerated_with_no_other_edit(mesh24):
             "auto_reverse": False, "memory_rule": False, "priority_0": 0, "batch_axes": "dp"}
     split = space.suggest(optuna.trial.FixedTrial({**base, "batch_mode": "split"}))
     assert split.batch_rule.to_config() == BatchShardingRule(("dp",)).to_config()
-    trial = _Recorder({**base, "batch_mode": "replicate", "batch_note": "b"})
+    trial = RecordingTrial({**base, "batch_mode": "replicate", "batch_note": "b"})
     replicated = space.suggest(trial)
     assert replicated.batch_rule.to_config() == BatchShardingRule(()).to_config()
     assert trial.asked[-3:] == ["batch_axes", "batch_mode", "batch_note"]
@@ -219,7 +204,7 @@ def test_every_enumerated_dict_replays_asking_exactly_its_params(dims, names, ex
     assert len(combos) == len({tuple(c.items()) for c in combos})
     # Every dict on the small meshes; a spread of ~3000 on 2x2x2 (~100k dicts).
     for params in combos[:: max(1, len(combos) // 3000)]:
-        trial = _Recorder(params)
+        trial = RecordingTrial(params)
         assert isinstance(space.suggest(trial), Candidate)
         assert trial.asked == list(params)
 
@@ -233,7 +218,7 @@ def test_conditional_params_appear_only_where_their_condition_holds(mesh24):
     params = {"auto_order_0": 0, "auto_join_0": False, "auto_min_shard_size": 8,
               "auto_reverse": False, "memory_rule": False, "memory_fraction": 0.5,
               "priority_0": 0, "batch_axes": "-", "batch_mode": "split", "batch_note": "a"}
-    trial = _Recorder(params)
+    trial = RecordingTrial(params)
     space.suggest(trial)
     assert "memory_fraction" not in trial.asked and "batch_note" not in trial.asked
 
