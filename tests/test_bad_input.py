@@ -67,6 +67,13 @@ def _plan(edit):
     return json.dumps(data)
 
 
+def _logical_rule(*assignment):
+    """The state rule of a recorded logical plan, with another assignment."""
+    recorded = ROOT / "rules" / "logical" / "cpu-static64" / "gpt-1.5b-dp16-tp4-16gib.json"
+    rule = json.loads(recorded.read_text(encoding="utf-8"))["state_rule"]
+    return dict(rule, assignment=[list(a) for a in assignment])
+
+
 def _suite(**fields):
     data = {"suite": "tiny", "platform": "cpu", "devices": 8, "simulated": True,
             "entries": [{"id": "e1", "workload": "mlp", "size": "tiny", "mesh": "dp=2,tp=4",
@@ -99,6 +106,7 @@ FILES: dict[str, str | bytes] = {
         state_rule={"kind": "auto", "axis_names": [["dp", "zz"]], "min_shard_size": None,
                     "reverse": False})),
     "batch-axis.json": _plan(lambda d: d.update(batch_rule={"kind": "batch", "axes": ["zz"]})),
+    "logical-axis.json": _plan(lambda d: d.update(state_rule=_logical_rule(["mlp", ["dp", "zz"]]))),
     "path-axis.json": _plan(lambda d: d.update(
         state_rule={"kind": "path", "rules": [[".*", [None, "model"]]],
                     "fallback": "replicate"})),
@@ -379,6 +387,8 @@ LIBRARY_CASES = [
      r"state-axis\.json: state_rule\.axis_names names axis 'zz'"),
     ("load-batch-axis", lambda d: ss.load_rule(d / "batch-axis.json"), ValueError,
      r"batch-axis\.json: batch_rule\.axes names axis 'zz'"),
+    ("load-logical-axis", lambda d: ss.load_plan(d / "logical-axis.json"), ValueError,
+     r"logical-axis\.json: state_rule\.assignment\['mlp'\] names axis 'zz'"),
     ("load-other-mesh", lambda d: ss.load_plan(
         d / "plan.json", ss.abstract_mesh((8,), ("x",))), ValueError, "axis names"),
     ("from-config-list", lambda d: ss.ShardingPlan.from_config([]), ValueError,

@@ -39,7 +39,7 @@ import optuna
 from ..base import mesh as _mesh
 from ..base.analyzer import ShardingAnalyzer
 from ..base.units import parse_bytes
-from ..cost.hardware import HARDWARE, hardware_for
+from ..cost.chips import HARDWARE, hardware_for
 from ..cost.program import XlaMemory
 from ..plan.writer import strict_json, write_config
 from ..search import confirm as _confirm

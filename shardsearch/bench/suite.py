@@ -27,7 +27,7 @@ from ..base import mesh as _mesh
 from ..base.jsonfile import read_json
 from ..base.limits import check_simulated_devices
 from ..base.units import parse_bytes
-from ..cost.hardware import HARDWARE
+from ..cost.chips import HARDWARE
 from ..search.logical_block import SPACES
 from ..search.objectives import OBJECTIVES
 

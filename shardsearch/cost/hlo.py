@@ -6,10 +6,18 @@ SPMD-partitioned module, so every shape is per device) and asks two things of
 it. :func:`parse_hlo` answers both from one parse:
 
 - what communication XLA inserted: one :class:`Collective` per collective
-  instruction, in a :class:`CollectiveSummary`;
+  instruction, in a :class:`CollectiveSummary`, with the devices it spans:
+  :attr:`Collective.groups` expands every replica-group syntax XLA prints
+  (``{{0,1},{2,3}}``, iota ``[2,4]<=[8]`` and ``[4,2]<=[2,4]T(1,0)``, newer
+  XLA's ``mesh['a'=2,'b'=4], device_ids=(...) {'b'}`` and
+  ``maximal_mesh[...]``, a collective-permute's ``source_target_pairs``)
+  into device ids, which :mod:`shardsearch.cost.topology` maps onto the
+  mesh axes a collective crosses; :attr:`Collective.group_axes` keeps the
+  axes the ``mesh[...]`` syntax lists;
 - how much work the step does: :class:`HloCost`, the flops of every ``dot``
-  and ``convolution`` (and cuBLAS gemm custom-call on GPU) and the bytes its
-  instructions read and write.
+  and ``convolution`` (and cuBLAS gemm custom-call on GPU), split by the
+  element type they take (:attr:`HloCost.dot_flops_by_dtype`), and the bytes
+  its instructions read and write.
 
 Both count each instruction as often as it runs per step: an instruction
 inside a ``while`` body (``lax.scan``, ``fori_loop``) runs once per trip, and
@@ -25,7 +33,9 @@ Example::
     summary, cost = parse_hlo(compiled.as_text())
     summary.bytes_by_kind()  # {"all-reduce": 20480, "all-gather": 0, ...}
     summary.transferred_bytes()  # ring-algorithm estimate of bytes sent per device
+    summary.collectives[0].groups  # ((0, 1, 2, 3), (4, 5, 6, 7)): a psum over tp of dp=2,tp=4
     cost.dot_flops  # 5 * 2 * 128**3 for a 5-step scan of f32[128,128] matmuls
+    cost.dot_flops_by_dtype  # (("f32", 5 * 2 * 128**3),)
     cost.loop_factor  # 5.0
 
 Only the text is read; nothing here imports JAX. Point-to-point ``send`` /
@@ -38,9 +48,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 
 from .hlo_graph import Computation, Instruction, Module, closing, parse_module
+from .hlo_types import ARRAY, CALLS, ELEMENT_BITS, callers, matmul_dtype
+from .replica_groups import Groups, permute_pairs, replica_groups
 
 COLLECTIVE_KINDS: tuple[str, ...] = (
     "all-reduce",
@@ -53,28 +66,12 @@ COLLECTIVE_KINDS: tuple[str, ...] = (
 
 _START_OPCODES = {f"{kind}-start": kind for kind in COLLECTIVE_KINDS}
 
-# Bits each element occupies in memory. Sub-byte types are stored one per byte
-# unless the layout packs them with ``E(bits)``, which _array_bytes honours.
-_ELEMENT_BITS = {
-    "pred": 8,
-    "s2": 8, "u2": 8, "s4": 8, "u4": 8, "f4e2m1fn": 8,
-    "s8": 8, "u8": 8,
-    "s16": 16, "u16": 16, "f16": 16, "bf16": 16,
-    "s32": 32, "u32": 32, "f32": 32,
-    "s64": 64, "u64": 64, "f64": 64, "c64": 64,
-    "c128": 128,
-    "token": 0,
-}  # fmt: skip
 
-_ARRAY = re.compile(r"(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
-_IOTA_GROUPS = re.compile(r"\[(?P<dims>\d+(?:,\d+)*)\]<=\[\d+(?:,\d+)*\](?:T\([\d,]+\))?")
-_MESH_GROUPS = re.compile(r"mesh\[(?P<axes>[^\]]*)\]")
 _LHS_CONTRACTING = re.compile(r"(?:^|[\s,])lhs_contracting_dims=\{(?P<dims>[^}]*)\}")
 _KERNEL_LABELS = re.compile(r"(?:^|[\s,])dim_labels=[^_\s,]*_(?P<kernel>[^-\s,]*)->")
 # cuBLAS gemms keep their dot dimensions in the backend config, as JSON.
 _GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$(?:gemm|lt\$matmul)[^"]*"')
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[(?P<dims>[^\]]*)\]')
-_CALLS = re.compile(r"(?:^|[\s,])calls=%?(?P<name>[^\s,{}()]+)")
 
 # Per fused computation: its parameters by index, and each value's users.
 _Uses = dict[str, tuple[dict[int, str], dict[str, list[Instruction]]]]
@@ -103,6 +100,25 @@ class Collective:
         ``while`` loops around it, summed over every path from ENTRY.
       computation: name of the HLO computation holding the instruction.
       name: the instruction's name, to find it in the HLO text.
+      groups: the device ids of every replica group, each in the order XLA
+        lists (and reduces or gathers) it, e.g. ``((0, 1, 2, 3), (4, 5, 6,
+        7))`` for ``replica_groups=[2,4]<=[8]``. The ids are XLA's: with
+        ``jit`` or ``shard_map`` (one replica) they are partition ids, a
+        device's position in the mesh's flattened device order. For a
+        collective-permute, each ``(source, target)`` pair that moves data
+        (source != target). Empty when XLA names no groups (no or empty
+        ``replica_groups``: every device in one group) or no pairs.
+      group_axes: for the ``mesh[...] {axes}`` syntax of newer XLA only, the
+        axes XLA lists in the braces, each named once in the order listed
+        (a sub-axis ``'b':(2)2`` by its axis ``"b"``; ``group_size`` says
+        how many devices it spans), e.g. ``("axis_1",)``; None for every
+        other syntax. These name the mesh of XLA's replica-group attribute,
+        which XLA factors its own way (``mesh['axis_0'=1,'axis_1'=4,
+        'axis_2'=2]`` for a ``dp=2, tp=4`` mesh), not the user's mesh: map
+        ``groups`` onto the user's mesh instead.
+
+    ``groups`` and ``group_axes`` are left out of ``==`` and the hash: a
+    record compares by what moves and how often, where it moves is detail.
     """
 
     kind: str
@@ -111,8 +127,22 @@ class Collective:
     count: int
     computation: str
     name: str = ""
+    groups: tuple[tuple[int, ...], ...] = dataclasses.field(default=(), compare=False)
+    group_axes: tuple[str, ...] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
+        try:
+            groups = tuple(tuple(operator.index(d) for d in group) for group in self.groups)
+        except TypeError:
+            groups = ((-1,),)  # reported below
+        if any(d < 0 for group in groups for d in group):
+            raise ValueError(
+                f"Collective {self.name!r}: groups={self.groups!r} are not device "
+                "ids; give each group as a tuple of ints >= 0"
+            )
+        object.__setattr__(self, "groups", groups)
+        if self.group_axes is not None:
+            object.__setattr__(self, "group_axes", tuple(self.group_axes))
         if self.kind not in COLLECTIVE_KINDS:
             raise ValueError(
                 f"Collective kind {self.kind!r} is not one of {COLLECTIVE_KINDS}; "
@@ -259,6 +289,18 @@ class HloCost:
         nor defined in the computation, a dim is dynamic, an element type is
         unknown, or a convolution has no readable ``dim_labels``. They count
         zero, so the totals are lower bounds.
+      dot_flops_by_dtype: ``dot_flops`` split by the element type of each
+        matmul's LHS operand as HLO spells it, ``(dtype, flops)`` pairs
+        sorted by dtype, e.g. ``(("bf16", 4096.0), ("f32", 2048.0))``; they
+        sum to ``dot_flops``. Where XLA widened the operand for the backend
+        (the CPU backend computes bf16 and f16 matmuls in f32, behind a
+        ``convert`` it adds), the type before that ``convert``: the type the
+        program asked for, which is what a chip with native bf16 runs (the
+        RHS's, when only the RHS was widened: XLA folds the constant ones
+        that start a gradient into f32). A ``convert`` the program wrote
+        (``x.astype(jnp.float32)``, named ``convert_element_type`` in its
+        metadata) is kept. The operand's type unknown, the result's. Empty
+        when built by hand without it.
     """
 
     dot_flops: float = 0.0
@@ -266,6 +308,7 @@ class HloCost:
     bytes_accessed: float = 0.0
     bytes_accessed_once: float = 0.0
     unknown_ops: tuple[str, ...] = ()
+    dot_flops_by_dtype: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "unknown_ops", tuple(self.unknown_ops))
@@ -273,6 +316,20 @@ class HloCost:
             value = getattr(self, field)
             if not value >= 0:
                 raise ValueError(f"HloCost.{field}={value!r} must be a number >= 0")
+        pairs = tuple((str(dtype), float(flops)) for dtype, flops in self.dot_flops_by_dtype)
+        object.__setattr__(self, "dot_flops_by_dtype", pairs)
+        dtypes = [dtype for dtype, _ in pairs]
+        if dtypes != sorted(set(dtypes)) or not all(flops >= 0 for _, flops in pairs):
+            raise ValueError(
+                f"HloCost.dot_flops_by_dtype={pairs!r} must be (dtype, flops >= 0) "
+                "pairs, one per dtype, sorted by dtype"
+            )
+        total = math.fsum(flops for _, flops in pairs)
+        if pairs and not math.isclose(total, self.dot_flops, rel_tol=1e-9):
+            raise ValueError(
+                f"HloCost.dot_flops_by_dtype sums to {total!r} but "
+                f"dot_flops={self.dot_flops!r}; the split must add up to the total"
+            )
 
     @property
     def loop_factor(self) -> float:
@@ -329,7 +386,8 @@ def _collectives(module: Module) -> CollectiveSummary:
             found = _collective(instruction, num_devices)
             if found is None:
                 continue
-            kind, size_bytes, group_size = found
+            kind, size_bytes, groups = found
+            group_size = groups.size
             if group_size is None:
                 unknown_groups.append(instruction.name)
                 group_size = 1
@@ -341,6 +399,8 @@ def _collectives(module: Module) -> CollectiveSummary:
                     count=count,
                     computation=computation.name,
                     name=instruction.name,
+                    groups=groups.groups,
+                    group_axes=groups.axes,
                 )
             )
     return CollectiveSummary(
@@ -354,6 +414,8 @@ def _collectives(module: Module) -> CollectiveSummary:
 def _costs(module: Module) -> HloCost:
     flops = flops_once = traffic = traffic_once = 0.0
     unknown: dict[str, None] = {}
+    by_dtype: dict[str, float] = {}
+    sites = callers(module)
     for computation in module.computations.values():
         count, once = module.counts[computation.name], module.counts_once[computation.name]
         if not once:
@@ -367,6 +429,9 @@ def _costs(module: Module) -> HloCost:
                 continue
             flops += found * count
             flops_once += found * once
+            if found * count:
+                dtype = matmul_dtype(instruction, computation, module, sites)
+                by_dtype[dtype] = by_dtype.get(dtype, 0.0) + found * count
     uses: _Uses = {}
     for name in module.scheduled:
         computation = module.computations[name]
@@ -387,6 +452,7 @@ def _costs(module: Module) -> HloCost:
         bytes_accessed=traffic,
         bytes_accessed_once=traffic_once,
         unknown_ops=tuple(unknown),
+        dot_flops_by_dtype=tuple(sorted(by_dtype.items())),
     )
 
 
@@ -428,7 +494,7 @@ def _shape_at(text: str, pos: int, line: str) -> tuple[int | list, int]:
                 pos += 1
             if text.startswith(",", pos):
                 pos += 1
-    match = _ARRAY.match(text, pos)
+    match = ARRAY.match(text, pos)
     if match is None:
         raise ValueError(f"cannot read a shape at {text[pos:]!r} in HLO line {line!r}")
     pos = match.end()
@@ -440,14 +506,14 @@ def _shape_at(text: str, pos: int, line: str) -> tuple[int | list, int]:
 
 
 def _array_bytes(element_type: str, dims: str, layout: str, line: str) -> int:
-    bits = _ELEMENT_BITS.get(element_type)
+    bits = ELEMENT_BITS.get(element_type)
     if bits is None and element_type.startswith("f8e"):
         bits = 8  # every float8 variant XLA adds is one byte
     if bits is None:
         raise ValueError(
             f"unknown HLO element type {element_type!r} in line {line!r}; "
-            f"known types: {sorted(_ELEMENT_BITS)} and f8e*; add its size to "
-            "shardsearch.cost.hlo._ELEMENT_BITS"
+            f"known types: {sorted(ELEMENT_BITS)} and f8e*; add its size to "
+            "shardsearch.cost.hlo_types.ELEMENT_BITS"
         )
     if packed := re.search(r"E\((\d+)\)", layout):
         bits = int(packed[1])
@@ -472,7 +538,7 @@ def _total(shape: int | list) -> int:
 
 def _collective(
     instruction: Instruction, num_devices: int | None
-) -> tuple[str, int, int | None] | None:
+) -> tuple[str, int, Groups] | None:
     opcode = instruction.opcode
     if opcode in COLLECTIVE_KINDS:
         kind = opcode
@@ -492,84 +558,17 @@ def _collective(
     else:
         return None
     if kind == "collective-permute":
-        return kind, size, _permute_size(instruction)
-    return kind, size, _group_size(instruction, num_devices)
-
-
-def _permute_size(instruction: Instruction) -> int | None:
-    match = re.search(r"(?:^|[\s,])source_target_pairs=", instruction.attrs)
-    if match is None:
-        return None
-    start = match.end()
-    if not instruction.attrs.startswith("{", start):
+        return kind, size, permute_pairs(instruction)
+    found = replica_groups(instruction, num_devices)
+    # Every syntax gives the size and the groups apart; they must agree.
+    if found.groups and max(len(g) for g in found.groups) != found.size:
         raise ValueError(
-            f"source_target_pairs of {instruction.name!r} is not a {{{{s,t}},...}} "
-            f"list: {instruction.line!r}"
+            f"replica groups of {instruction.name!r} hold "
+            f"{max(len(g) for g in found.groups)} devices but the group size "
+            f"read is {found.size}; the syntax was misread in HLO line "
+            f"{instruction.line!r}"
         )
-    body = instruction.attrs[start + 1 : closing(instruction.attrs, start, instruction.line)]
-    devices: dict[int, None] = {}
-    for pair in re.findall(r"\{([^{}]*)\}", body):
-        source, target = (int(x) for x in pair.split(","))
-        if source != target:
-            devices.update({source: None, target: None})
-    return max(len(devices), 1)
-
-
-def _group_size(instruction: Instruction, num_devices: int | None) -> int | None:
-    attrs, line = instruction.attrs, instruction.line
-    match = re.search(r"(?:^|[\s,])replica_groups=", attrs)
-    # No replica_groups printed means the same as "{}": every device.
-    start = match.end() if match else None
-    if start is None or attrs.startswith("{}", start):
-        return num_devices
-    if attrs.startswith("{", start):
-        body = attrs[start + 1 : closing(attrs, start, line)]
-        groups = re.findall(r"\{([^{}]*)\}", body)
-        if not groups:
-            return num_devices
-        # Groups of one op have equal sizes in practice; take the largest.
-        return max(len([x for x in g.split(",") if x.strip()]) for g in groups)
-    if iota := _IOTA_GROUPS.match(attrs, start):
-        # [num_groups, group_size]<=[devices...]: the group size comes last.
-        return int(iota["dims"].split(",")[-1])
-    if attrs.startswith("maximal_mesh[", start):
-        return 1
-    if mesh := _MESH_GROUPS.match(attrs, start):
-        return _mesh_group_size(mesh, attrs, line)
-    raise ValueError(
-        f"unrecognised replica_groups syntax in HLO line {line!r}; expected "
-        "{{0,1},...}, [groups,size]<=[n] or mesh[...] {axes}"
-    )
-
-
-def _mesh_group_size(mesh: re.Match, attrs: str, line: str) -> int:
-    """Group size of ``mesh['a'=2,'b'=4], device_ids=(...) {'b'}`` (newer XLA)."""
-    sizes = {}
-    for axis in mesh["axes"].split(","):
-        name, _, size = axis.rpartition("=")
-        sizes[name.strip().strip("'\"")] = int(size)
-    pos = mesh.end()
-    if devices := re.compile(r",\s*device_ids=").match(attrs, pos):
-        pos = closing(attrs, devices.end(), line) + 1
-    axes = re.compile(r"\s*\{(?P<axes>[^{}]*)\}").match(attrs, pos)
-    if axes is None:
-        raise ValueError(
-            f"mesh replica_groups without the {{axes}} that form a group in HLO line {line!r}"
-        )
-    group = 1
-    for ref in filter(None, (r.strip() for r in axes["axes"].split(","))):
-        # A sub-axis prints as name:(pre_size)size and spans only `size` devices.
-        name, _, sub = ref.partition(":")
-        name = name.strip("'\"")
-        if sub:
-            group *= int(sub.rpartition(")")[2])
-        elif name in sizes:
-            group *= sizes[name]
-        else:
-            raise ValueError(
-                f"replica group axis {name!r} is not in the mesh {sizes} in HLO line {line!r}"
-            )
-    return group
+    return kind, size, found
 
 
 # --- matmul flops -----------------------------------------------------------
@@ -626,7 +625,7 @@ def _operand_dims(
 def _array_dims(shape: str) -> list[int] | None:
     """Dims of an array shape, or of a tuple shape's first leaf (a gemm's
     output); None for no shape or a dynamic dim. A bounded dim ``<=N`` is N."""
-    match = _ARRAY.match(shape.lstrip("( "))
+    match = ARRAY.match(shape.lstrip("( "))
     if match is None:
         return None
     dims = [d.strip().removeprefix("<=") for d in match["dims"].split(",") if d.strip()]
@@ -662,7 +661,7 @@ def _traffic(
     if opcode == "dynamic-update-slice":  # in place: only the update moves
         return 2 * _operand_bytes(instruction, 1, computation)
     if opcode == "fusion":
-        callee = _CALLS.search(instruction.attrs)
+        callee = CALLS.search(instruction.attrs)
         if callee is not None:
             fused = module.computations[callee["name"]]
             return _fusion_traffic(instruction, computation, fused, uses)

@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import ClassVar
 
-from ..cost.hardware import hardware_for
+from ..cost.chips import hardware_for
 from . import evaluate as _evaluate
 from .evaluate import CompiledCandidate, Context, Outcome
 from .stages import COMPLETE, FAILED

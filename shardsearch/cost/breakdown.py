@@ -1,0 +1,162 @@
+"""Where an estimated step's seconds go: compute, memory, and each collective.
+
+A `Breakdown` is what `HardwareModel.breakdown` returns and what every
+estimated trial records. Its parts add up to the estimate:
+
+    total = max(compute, memory) + communication - hidden
+    hidden = overlap * min(max(compute, memory), communication)
+
+so `overlap` 0 charges communication after the compute (nothing overlaps),
+and 1 charges only the larger of the two (communication runs entirely beside
+the compute, as XLA's asynchronous collectives can).
+
+Example:
+  >>> b = Breakdown(compute=2.0, memory=1.0, overlap=0.5,
+  ...               collectives=(CollectiveCost("all-reduce", ("dp",), 4, 4e9, 1.0),))
+  >>> b.total, b.bound, b.hidden
+  (2.5, 'compute', 0.5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ..base.units import format_bytes
+from .links import positive
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveCost:
+    """One collective kind over one group of mesh axes, summed over the step.
+
+    Attributes:
+      kind: e.g. "all-gather".
+      axes: the mesh axes its groups span, in mesh order.
+      count: executions per step.
+      bytes: `Collective.bytes` times executions, per device.
+      seconds: the time charged for all of them.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    count: int
+    bytes: float
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "axes": list(self.axes), "count": self.count,
+                "bytes": self.bytes, "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> CollectiveCost:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object, got {type(data).__name__}")
+        axes = data.get("axes")
+        if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
+            raise ValueError(f"{where}.axes must be a list of axis names, got {axes!r}")
+        count = data.get("count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"{where}.count must be a whole number >= 0, got {count!r}")
+        return cls(str(data.get("kind")), tuple(axes), count,
+                   positive(data.get("bytes"), f"{where}.bytes", zero=True),
+                   positive(data.get("seconds"), f"{where}.seconds", zero=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Breakdown:
+    """An estimate's parts (module doc): seconds of compute, memory traffic and
+    each collective, and how much communication the compute hides.
+
+    Attributes:
+      compute: flops over the chip's throughput for their dtypes.
+      memory: bytes accessed over memory bandwidth.
+      collectives: one entry per (kind, axes), in order of first appearance.
+      overlap: the fraction of the smaller of compute-or-memory and
+        communication that runs concurrently with the other (0..1).
+    """
+
+    compute: float
+    memory: float
+    collectives: tuple[CollectiveCost, ...] = ()
+    overlap: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "collectives", tuple(self.collectives))
+        if not (isinstance(self.overlap, int | float) and 0 <= self.overlap <= 1):
+            raise ValueError(f"Breakdown.overlap={self.overlap!r} must be in [0, 1]")
+        for field in ("compute", "memory"):
+            positive(getattr(self, field), f"Breakdown.{field}", zero=True)
+
+    @property
+    def bound(self) -> str:
+        """"compute" or "memory": which roofline term is charged."""
+        return "compute" if self.compute >= self.memory else "memory"
+
+    @property
+    def roofline(self) -> float:
+        return max(self.compute, self.memory)
+
+    @property
+    def communication(self) -> float:
+        return math.fsum(c.seconds for c in self.collectives)
+
+    @property
+    def hidden(self) -> float:
+        """Seconds of communication taken off because they overlap."""
+        return self.overlap * min(self.roofline, self.communication)
+
+    @property
+    def total(self) -> float:
+        """The estimate: roofline + communication - hidden."""
+        return self.roofline + self.communication - self.hidden
+
+    def by_axes(self) -> dict[tuple[str, ...], float]:
+        """Communication seconds per group of axes, in order of first appearance."""
+        out: dict[tuple[str, ...], float] = {}
+        for c in self.collectives:
+            out[c.axes] = out.get(c.axes, 0.0) + c.seconds
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The recorded form (trials' user attrs, plan files' results rows)."""
+        return {"total": self.total, "compute": self.compute, "memory": self.memory,
+                "communication": self.communication, "hidden": self.hidden,
+                "overlap": self.overlap,
+                "collectives": [c.to_json() for c in self.collectives]}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "breakdown") -> Breakdown:
+        """Reads `to_json`'s form back (derived fields are recomputed, not trusted)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object, got {type(data).__name__}")
+        rows = data.get("collectives", [])
+        if not isinstance(rows, list):
+            raise ValueError(f"{where}.collectives must be a list, got {rows!r}")
+        overlap = positive(data.get("overlap", 0.0), f"{where}.overlap", zero=True)
+        return cls(positive(data.get("compute"), f"{where}.compute", zero=True),
+                   positive(data.get("memory"), f"{where}.memory", zero=True),
+                   tuple(CollectiveCost.from_json(r, f"{where}.collectives[{i}]")
+                         for i, r in enumerate(rows)), overlap)
+
+    def lines(self) -> list[str]:
+        """A few readable lines, largest collective first, e.g.
+        "compute 1.20 s (bound), memory 0.40 s, communication 0.30 s (0.15 s hidden)"."""
+        out = [f"total {_seconds(self.total)} = {self.bound} {_seconds(self.roofline)} "
+               f"+ communication {_seconds(self.communication)} - hidden "
+               f"{_seconds(self.hidden)} (overlap {self.overlap:g})",
+               f"compute {_seconds(self.compute)}, memory {_seconds(self.memory)}"]
+        for c in sorted(self.collectives, key=lambda c: -c.seconds):
+            axes = ",".join(c.axes) or "-"
+            out.append(f"{c.kind} over {axes}: {_seconds(c.seconds)}, {c.count}x, "
+                       f"{format_bytes(int(c.bytes))}")
+        return out
+
+
+def _seconds(value: float) -> str:
+    if value >= 1:
+        return f"{value:.3g} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} us"

@@ -1,0 +1,225 @@
+"""Tests for the topology-aware cost model: topology, links, breakdown, named chips."""
+
+import dataclasses
+import math
+
+import pytest
+
+from shardsearch.cost.breakdown import Breakdown, CollectiveCost
+from shardsearch.cost.chips import HARDWARE, NAMED, hardware_for
+from shardsearch.cost.hardware import HardwareModel, collective_axes
+from shardsearch.cost.hlo import COLLECTIVE_KINDS
+from shardsearch.cost.links import Link, LinkFit
+from shardsearch.cost.program import ProgramCost
+from shardsearch.cost.topology import Topology
+
+ADD = """\
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+"""
+
+TOPO = Topology(("dp", "tp"), (2, 4))
+
+# One group syntax per line; each spans the axes named on the right.
+GROUPS = [
+    ("replica_groups={{0,1,2,3},{4,5,6,7}}", ("tp",)),
+    ("replica_groups={{0,4},{1,5},{2,6},{3,7}}", ("dp",)),
+    ("replica_groups=[2,4]<=[8]", ("tp",)),
+    ("replica_groups=[4,2]<=[2,4]T(1,0)", ("dp",)),
+    ("replica_groups={{0,1,2,3,4,5,6,7}}", ("dp", "tp")),
+    ("replica_groups={}", ("dp", "tp")),
+]
+
+
+def program(*lines, flops=0.0, bytes_accessed=0.0):
+    body = "\n".join(f"  {line}" for line in lines)
+    text = (f"HloModule m, num_partitions=8\n\n{ADD}\n"
+            "ENTRY %main (p: f32[1024,256]) -> f32[1024,256] {\n"
+            f"  %p = f32[1024,256]{{1,0}} parameter(0)\n{body}\n}}\n")
+    return ProgramCost.from_hlo(text, flops, bytes_accessed)
+
+
+def all_reduce(groups, name="ar"):
+    return f"%{name} = f32[1024,256]{{1,0}} all-reduce(%p), {groups}, to_apply=%add"
+
+
+# --- topology -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("groups", "axes"), GROUPS)
+def test_a_collectives_groups_name_the_axes_they_span(groups, axes):
+    (collective,) = program(all_reduce(groups)).collectives.collectives
+    assert collective_axes(collective, TOPO) == axes
+
+
+def test_a_permute_along_tp_spans_tp():
+    line = ("%cp = f32[1024,256]{1,0} collective-permute(%p), "
+            "source_target_pairs={{0,1},{1,2},{2,3},{3,0},{4,5},{5,6},{6,7},{7,4}}")
+    (collective,) = program(line).collectives.collectives
+    assert collective_axes(collective, TOPO) == ("tp",)
+
+
+def test_topology_checks_its_axes_and_ids():
+    with pytest.raises(ValueError, match=r"dcn_axes \['pp'\] are not mesh axes"):
+        Topology(("dp", "tp"), (2, 4), dcn_axes=("pp",))
+    with pytest.raises(ValueError, match=r"2 axis names .* but 1 sizes"):
+        Topology(("dp", "tp"), (2,))
+    with pytest.raises(ValueError, match=r"device id 9 .* outside the 8-device mesh"):
+        TOPO.axes_spanned([(0, 9)])
+    assert Topology(("a", "b", "c"), (2, 3, 4)).axes_spanned([(0, 4 * 3 + 1)]) == ("a", "c")
+
+
+# --- charging by axes -----------------------------------------------------------
+
+
+def calibrated(**extra):
+    fits = {("all-reduce", ("tp",)): LinkFit(1e-5, 1e9),
+            ("all-reduce", ("dp",)): LinkFit(2e-4, 1e8),
+            ("all-reduce", ("dp", "tp")): LinkFit(3e-4, 5e7)}
+    return HardwareModel("cal", {"f32": 1e11}, 1e10, fits=fits,
+                         mesh=(("dp", 2), ("tp", 4)), **extra)
+
+
+def test_a_tp_group_is_charged_the_tp_fit_and_a_dp_group_the_dp_fit():
+    nbytes = 1024 * 256 * 4
+    model = calibrated()
+    tp = model.breakdown(program(all_reduce(GROUPS[2][0])), TOPO)
+    dp = model.breakdown(program(all_reduce(GROUPS[3][0])), TOPO)
+    assert [(c.kind, c.axes) for c in tp.collectives] == [("all-reduce", ("tp",))]
+    assert tp.collectives[0].seconds == pytest.approx(1e-5 + nbytes / 1e9)
+    assert [(c.kind, c.axes) for c in dp.collectives] == [("all-reduce", ("dp",))]
+    assert dp.collectives[0].seconds == pytest.approx(2e-4 + nbytes / 1e8)
+
+
+def test_the_breakdowns_parts_add_up_to_the_estimate():
+    lines = [all_reduce(GROUPS[0][0], "a"), all_reduce(GROUPS[1][0], "b"),
+             all_reduce(GROUPS[2][0], "c")]
+    cost = program(*lines, flops=3e9, bytes_accessed=1e8)
+    for overlap in (0.0, 0.4, 1.0):
+        model = calibrated(overlap=overlap)
+        b = model.breakdown(cost, TOPO)
+        assert len(b.collectives) == 2  # the two tp all-reduces share a row
+        assert b.collectives[0].count == 2
+        parts = max(b.compute, b.memory) + sum(c.seconds for c in b.collectives) - b.hidden
+        assert math.isclose(parts, b.total) and b.total == model.estimate(cost, TOPO)
+        assert b.compute == pytest.approx(3e9 / 1e11) and b.memory == pytest.approx(1e-2)
+    assert Breakdown.from_json(b.to_json()) == b
+
+
+def test_a_calibration_for_another_mesh_or_axes_is_refused():
+    cost = program(all_reduce(GROUPS[2][0]))
+    with pytest.raises(ValueError, match=r"calibrated on \{'dp': 2, 'tp': 4\}.*tp=4 "
+                                         r"\(mesh: 2\); calibrate this mesh"):
+        calibrated().estimate(cost, Topology(("dp", "tp"), (4, 2)))
+    permute = program("%cp = f32[1024,256]{1,0} collective-permute(%p), "
+                      "source_target_pairs={{0,1},{1,0}}")
+    with pytest.raises(ValueError, match=r"no calibrated fit for collective-permute over "
+                                         r"\('tp',\)"):
+        calibrated().estimate(permute, TOPO)
+    with pytest.raises(ValueError, match="needs the mesh's topology"):
+        calibrated().estimate(cost)
+
+
+def test_legacy_models_keep_their_one_link_estimate():
+    cost = program(all_reduce(GROUPS[2][0]), flops=1e9, bytes_accessed=1e7)
+    cpu = HARDWARE["cpu"]
+    old = (max(1e9 / cpu.flops_per_second, 1e7 / cpu.memory_bandwidth)
+           + cost.link_bytes / cpu.link_bandwidth)
+    assert cpu.estimate(cost) == pytest.approx(old, rel=1e-12)
+    # With a topology the breakdown names the axes; the seconds do not change.
+    b = cpu.breakdown(cost, TOPO)
+    assert b.collectives[0].axes == ("tp",) and b.total == pytest.approx(old, rel=1e-12)
+
+
+# --- links and named chips ----------------------------------------------------
+
+
+def test_links_follow_the_scaling_book():
+    v5e = Link(bandwidth=4.5e10, latency=1e-6, torus=True, wraparound_from=16)
+    # ANCHORS.md: a 34 MB all-gather over 4 v5e chips was predicted at ~560 us.
+    assert v5e.fit("all-gather", 4, 1).seconds(34e6) == pytest.approx(570e-6, rel=0.01)
+    ag = v5e.fit("all-gather", 4, 1).seconds(34e6)
+    assert v5e.fit("all-reduce", 4, 1).seconds(34e6) == pytest.approx(2 * ag)
+    # A reduce-scatter's bytes are the scattered quarter of the same array.
+    assert v5e.fit("reduce-scatter", 4, 1).seconds(34e6 / 4) == pytest.approx(ag)
+    # Wraparound doubles the bandwidth; two axes double it again.
+    wrapped = dataclasses.replace(v5e, wraparound_from=0)
+    assert (wrapped.fit("all-gather", 4, 1).bandwidth
+            == pytest.approx(2 * v5e.fit("all-gather", 4, 1).bandwidth))
+    assert (v5e.fit("all-gather", 4, 2).bandwidth
+            == pytest.approx(2 * v5e.fit("all-gather", 4, 1).bandwidth))
+    with pytest.raises(ValueError, match="over 1 device moves nothing"):
+        v5e.fit("all-gather", 1, 1)
+
+
+def test_an_axis_across_hosts_costs_the_dcn_link():
+    model = HARDWARE["tpu-v5e"]
+    cost = program(all_reduce(GROUPS[3][0]))
+    inside = model.breakdown(cost, TOPO).communication
+    across = model.breakdown(cost, dataclasses.replace(TOPO, dcn_axes=("dp",))).communication
+    assert across > 10 * inside
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_named_chips_have_memory_per_dtype_flops_and_both_links(name):
+    model = hardware_for(name)
+    assert model.memory_bytes > 0 and model.ici is not None and model.dcn is not None
+    assert model.peak("bf16") >= model.peak("f32") > 0
+    assert dict(model.about)["source"]
+    for kind in COLLECTIVE_KINDS:
+        assert model.fit(kind, ("tp",), TOPO).bandwidth > 0
+
+
+def test_compute_is_charged_per_dtype():
+    collectives = program().collectives
+    hlo = dataclasses.replace(program().hlo, dot_flops=3e12, dot_flops_once=3e12,
+                              dot_flops_by_dtype=(("bf16", 2e12), ("f32", 1e12)))
+    cost = ProgramCost(3.5e12, 0.0, collectives, hlo)
+    model = HardwareModel("m", {"bf16": 2e12, "f32": 5e11}, 1e12, link_bandwidth=1.0)
+    # bf16 at its peak, f32 at its own, and the 0.5e12 non-matmul flops at f32's.
+    assert model.breakdown(cost).compute == pytest.approx(1.0 + 2.0 + 1.0)
+
+
+def test_a_model_round_trips_through_json_and_rejects_garbage(tmp_path):
+    model = calibrated(overlap=0.25, about=(("jax", "0.10"),))
+    path = tmp_path / "m.json"
+    model.save(path, samples=[])
+    assert HardwareModel.load(path) == model
+    for name, chip in NAMED.items():
+        assert HardwareModel.from_json(chip.to_json(), name) == chip
+    data = model.to_json()
+    for field, value, message in [
+        ("memory_bandwidth", None, "field 'memory_bandwidth' is missing"),
+        ("collectives", [{"kind": "all-reduce", "axes": ["tp"], "latency": 0,
+                          "bandwidth": "fast"}],
+         r"field 'collectives\[0\].bandwidth' must be a positive number, got 'fast'"),
+        ("collectives", [{"kind": "all-reduce", "axes": ["tp"], "latency": -1,
+                          "bandwidth": 1}],
+         r"field 'collectives\[0\].latency' must be a non-negative number"),
+        ("collectives", [{"kind": "broadcast", "axes": ["tp"], "latency": 0,
+                          "bandwidth": 1}], r"field 'collectives\[0\].kind' must be one of"),
+        ("schema", 2, "field 'schema' is 2; this version reads schema 1"),
+        ("overlap", 2.0, "overlap=2.0 must be in"),
+        ("flops_per_second", {"f32": 0}, r"field 'flops_per_second.f32' must be a positive"),
+        ("colectives", [], "unknown field 'colectives'"),
+    ]:
+        broken = dict(data)
+        if value is None:
+            del broken[field]
+        else:
+            broken[field] = value
+        with pytest.raises(ValueError, match=message) as err:
+            HardwareModel.from_json(broken, "cal.json")
+        assert str(err.value).startswith("cal.json: ") and "\n" not in str(err.value)
+
+
+def test_a_breakdown_reads_as_lines():
+    b = Breakdown(2.0, 1.0, (CollectiveCost("all-gather", ("dp",), 4, 4e9, 0.5),
+                             CollectiveCost("all-reduce", ("tp",), 2, 1e6, 1.5)), overlap=0.5)
+    lines = b.lines()
+    assert b.total == pytest.approx(2.0 + 2.0 - 1.0)
+    assert lines[0].startswith("total 3 s = compute 2 s + communication 2 s")
+    assert lines[2].startswith("all-reduce over tp: 1.5 s") and "all-gather over dp" in lines[3]
