@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from .._version import __version__
@@ -14,7 +15,16 @@ from .args import Command, UsageError, WorkFailed, device_count, positive_int, u
 BUILTIN_SUITES = ("cpu-sim8", "cpu-static256", "cpu-static64", "gpu-1", "gpu-8", "tpu-v5e-8")
 
 
+class _WholeNames(argparse.HelpFormatter):
+    """Wraps help between words only, so a suite name such as cpu-static256
+    is never split at its hyphen."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = _WholeNames
     p.add_argument("--suite", required=True, metavar="NAME|FILE",
                    help=f"a suite shipped with shardsearch ({', '.join(BUILTIN_SUITES)}), a "
                         "name looked up in --suites-dir, or a path to a suite file")
