@@ -47,6 +47,7 @@ from .search.context import make_space as make_space
 from .search.evaluate import Outcome as Outcome
 from .search.export import export_config as export_config
 from .search.loop import optimize as optimize
+from .search.objectives import Hybrid as Hybrid
 from .search.objectives import Objective as Objective
 from .search.objectives import register_objective as register_objective
 from .search.record import TrialRecord as TrialRecord
@@ -60,6 +61,7 @@ __all__ = [
     "Candidate",
     "CompositeShardingRule",
     "HardwareModel",
+    "Hybrid",
     "LogicalAxes",
     "LogicalAxisRule",
     "MemoryConstrainedShardingRule",

@@ -29,14 +29,15 @@ def _storage(tmp_path):
 def test_stage_ints_labels_and_summary_keys_are_the_stored_ones():
     # Studies store the ints, plan files the labels, summaries the keys.
     assert [(int(s), s.label, s.summary_key) for s in Stage] == [
-        (1, "check", "cut_check"), (2, "compile", "cut_compile"), (3, "measure", "cut_measure")]
+        (1, "check", "cut_check"), (2, "compile", "cut_compile"),
+        (4, "estimate", "cut_estimate"), (3, "measure", "cut_measure")]
     for stage in Stage:
         assert Stage(int(stage)) is stage
         assert Stage.parse(stage.label) is stage
         assert stage_label(int(stage)) == stage.label
     assert stage_label(None) is None
     with pytest.raises(ValueError, match=r"no evaluation stage labelled 'estimat'; the stages "
-                                         r"are \('check', 'compile', 'measure'\)"):
+                                         r"are \('check', 'compile', 'estimate', 'measure'\)"):
         Stage.parse("estimat")
     assert [s.value for s in Status] == ["complete", "cut", "failed"]
 
@@ -51,7 +52,7 @@ def test_outcomes_keep_the_stored_form_and_check_status_against_stage():
     assert ss.Outcome.from_json(json.loads(json.dumps(data))) == outcome
     with pytest.raises(ValueError, match="the statuses are"):
         ss.Outcome("ab12", "pruned")
-    with pytest.raises(ValueError, match=r"cut_stage=7; the statuses .* stages \(1, 2, 3\)"):
+    with pytest.raises(ValueError, match=r"cut_stage=7; the statuses .* stages \(1, 2, 4, 3\)"):
         ss.Outcome("ab12", CUT, 7)
     with pytest.raises(ValueError, match="a cut outcome names the stage"):
         ss.Outcome("ab12", CUT)
@@ -80,8 +81,8 @@ def test_studies_summaries_and_plan_files_record_the_stage_forms(tight_static):
     assert stored["status"] == "cut" and stored["cut_stage"] == 1
     assert result.trials[0].outcome.cut_stage is Stage.CHECK
     summary = result.summary()
-    assert list(summary) == ["trials", "completed", "cut_check", "cut_compile", "cut_measure",
-                             "failed", "cache_hits"]
+    assert list(summary) == ["trials", "completed", "cut_check", "cut_compile", "cut_estimate",
+                             "cut_measure", "failed", "cache_hits"]
     assert summary["cut_check"] >= 1
     rows = {row["label"]: row for row in ss.export_config(result)["results"]["baselines"]}
     assert rows["replicated"]["cut_stage"] == "check"
@@ -106,7 +107,7 @@ class TempBytes(Objective):
 
 def test_the_built_in_objectives_say_what_the_search_does_with_them():
     measured, static = get_objective("measured"), get_objective("static")
-    assert tuple(_objectives.OBJECTIVES) == ("measured", "static")
+    assert tuple(_objectives.OBJECTIVES) == ("measured", "static", "hybrid")
     assert (measured.needs_host_args, measured.prunes_while_timing, measured.confirms,
             measured.timed_in) == (True, True, True, "search")
     assert (static.needs_host_args, static.prunes_while_timing, static.confirms,
@@ -116,7 +117,7 @@ def test_the_built_in_objectives_say_what_the_search_does_with_them():
 
 def test_bad_objectives_are_refused_with_the_choices():
     with pytest.raises(ValueError, match=r"objective='fast'; choose one of \('measured', "
-                                         r"'static'\)"):
+                                         r"'static', 'hybrid'\)"):
         get_objective("fast")
 
     class Nameless(Objective):

@@ -376,9 +376,14 @@ def _search(s: Mapping[str, Any]) -> str:
         cost = f"{searched}; resumed, no new trial (this run {cost})"
     elif s.get("trials_before"):
         cost += f" (+ {s['trials_before']} earlier trials)"
+    # The columns recorded reports have; a later stage (estimate) is added
+    # only where it cut something, so those reports regenerate unchanged.
+    columns = (Stage.CHECK, Stage.COMPILE, Stage.MEASURE)
+    later = "".join(f"; {t[s.summary_key]} cut at {s.label}" for s in Stage
+                    if s not in columns and t.get(s.summary_key))
     return (f"{cost}; {t['trials']} trials: "
-            f"{t['completed']} / {', '.join(str(t.get(s.summary_key, 0)) for s in Stage)} / "
-            f"{t['failed']} / {t['cache_hits']}; {share} on cut")
+            f"{t['completed']} / {', '.join(str(t.get(s.summary_key, 0)) for s in columns)} / "
+            f"{t['failed']} / {t['cache_hits']}{later}; {share} on cut")
 
 
 def entry_line(record: Mapping[str, Any]) -> str:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..cost.chips import HARDWARE
 from ..search.evaluate import EXECUTE_TIMEOUT
-from ..search.objectives import OBJECTIVES
+from ..search.objectives import OBJECTIVES, Hybrid
 from .args import (
     Command,
     UsageError,
@@ -22,6 +23,7 @@ from .args import (
     device_count,
     positive_float,
     positive_int,
+    read_file,
     study_name,
     usage,
     workload,
@@ -47,7 +49,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "where JAX reports it, else none)")
     p.add_argument("--objective", choices=tuple(OBJECTIVES), default="measured",
                    help="measured: median step time on the mesh (default); static: estimated "
-                        "from the compiled program, nothing runs")
+                        "from the compiled program, nothing runs; hybrid: every candidate "
+                        "estimated, only those near the best estimates measured")
+    p.add_argument("--hardware", metavar="NAME|FILE",
+                   help="the hardware model the static and hybrid objectives estimate with: "
+                        f"one of {', '.join(HARDWARE)}, or a JSON model (what `shardsearch "
+                        "calibrate` writes); default: the built-in one for the devices' "
+                        "platform. For static, a model that states its memory (the named "
+                        "chips) is the default --budget")
+    p.add_argument("--dcn-axes", type=axis_list, default=(), metavar="AXES",
+                   help="mesh axes whose devices sit on different hosts, e.g. dp or dp,pp: "
+                        "the hardware model charges collectives over them at the network "
+                        "between hosts (default: none)")
+    p.add_argument("--hybrid-factor", type=at_least_one, metavar="X",
+                   help=f"hybrid: measure candidates whose estimate is within X times the best "
+                        f"estimate so far (default {Hybrid.factor:g})")
+    p.add_argument("--hybrid-top-k", type=count, metavar="K",
+                   help=f"hybrid: also measure the K smallest estimates so far (default "
+                        f"{Hybrid.top_k})")
     p.add_argument("--space", choices=("rules", "logical", "both"), default="both",
                    help="rules: the seed rules (auto, memory); logical: one assignment of the "
                         "step's logical axes (heads, mlp, ...) to mesh axes; both: the search "
@@ -104,6 +123,12 @@ def run(a: argparse.Namespace) -> int:
 
     dims, names = usage(parse_mesh, a.mesh)
     budget = usage(parse_bytes, a.budget) if a.budget is not None else None
+    unknown = [axis for axis in a.dcn_axes if axis not in names]
+    if unknown:
+        raise UsageError(f"--dcn-axes {','.join(a.dcn_axes)}: {', '.join(map(repr, unknown))} "
+                         f"is not an axis of --mesh {a.mesh} (axes: {', '.join(names)})")
+    objective = objective_option(a)
+    hardware = hardware_option(a.hardware, objective)
     chosen = workload(a.workload)
     mesh = make_mesh(dims, names)
     out = Path(a.out or f"shardsearch-{slug(chosen.name)}-{slug(axes(mesh))}.json")
@@ -119,11 +144,11 @@ def run(a: argparse.Namespace) -> int:
     try:
         result = optimize(
             chosen, mesh=mesh, n_trials=a.trials, timeout=a.timeout, memory_budget=budget,
-            objective=a.objective, storage=storage, study_name=a.study, seed=a.seed,
+            objective=objective, storage=storage, study_name=a.study, seed=a.seed,
             warmup=a.warmup, repeats=a.repeats, confirm_rounds=a.confirm_rounds,
             compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet,
             space=a.space, isolate=a.isolate, execute_timeout=a.execute_timeout,
-            verbose=a.verbose)
+            verbose=a.verbose, hardware=hardware, dcn_axes=a.dcn_axes)
     except ValueError as err:  # optimize checks its inputs before any trial
         raise UsageError(str(err)) from None
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: main says what is kept
@@ -146,6 +171,63 @@ def run(a: argparse.Namespace) -> int:
     print(f"study: {result.study.study_name!r} in {redact(storage)} ({kept})")
     print(f"wrote {written}")
     return 0
+
+
+def objective_option(a: argparse.Namespace) -> Any:
+    """The objective `--objective` and the hybrid options name: its name, or a
+    `Hybrid` with the settings given."""
+    hybrid = {k: v for k, v in (("factor", a.hybrid_factor), ("top_k", a.hybrid_top_k))
+              if v is not None}
+    if not hybrid:
+        return a.objective
+    if a.objective != Hybrid.name:
+        given = " and ".join(f"--hybrid-{k.replace('_', '-')}" for k in hybrid)
+        raise UsageError(f"{given} set the hybrid objective; add --objective hybrid (the "
+                         f"objective is {a.objective})")
+    return usage(Hybrid, **hybrid)
+
+
+def hardware_option(text: str | None, objective: Any) -> Any:
+    """The `HardwareModel` `--hardware` names: a built-in by name, or a JSON file.
+
+    A file that cannot be read, or holds a missing or wrong field, is a usage
+    error naming the file and the field.
+    """
+    if text is None:
+        return None
+    from ..search.objectives import get_objective
+
+    if not get_objective(objective).uses_hardware:
+        raise UsageError(f"--hardware {text}: objective {get_objective(objective).name!r} "
+                         "estimates nothing; use --objective static or hybrid")
+    if text in HARDWARE:
+        return HARDWARE[text]
+    if not Path(text).exists():
+        raise UsageError(f"--hardware {text}: neither a built-in model ({', '.join(HARDWARE)}) "
+                         "nor a file; give a name or the path of a JSON model (`shardsearch "
+                         "calibrate --out FILE` writes one)")
+    from ..cost.hardware import HardwareModel
+
+    return read_file(HardwareModel.load, text)
+
+
+def axis_list(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated axis names ("dp,pp" → ("dp", "pp"))."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"not a list of axis names: {text!r}; e.g. dp or "
+                                         "dp,pp")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"an axis is named twice in {text!r}")
+    return names
+
+
+def at_least_one(text: str) -> float:
+    """An argparse type: a finite number >= 1 ("1.5" → 1.5; "0.9" is refused)."""
+    value = positive_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
 
 
 def simulate_devices(n: int) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..base.units import format_bytes as _bytes
+from ..cost.breakdown import Breakdown
 from ..search.logs import short as short_log_line
 from ..search.objectives import is_estimate
 from ..search.stages import Stage
@@ -76,7 +77,30 @@ def results_table(config: Mapping[str, Any]) -> str:
         lines.append("XLA log lines while compiling and running:")
         lines += [f"  {_row_name(row)}: {row['log_lines']}, first: "
                   f"{short_log_line(row.get('log_first') or '')}" for row in logged]
+    lines += breakdown_lines(config)
     return "\n".join(lines)
+
+
+def breakdown_lines(config: Mapping[str, Any]) -> list[str]:
+    """The exported plan's estimate, part by part, when its results row has one.
+
+    Example: ["estimate of the exported plan (cpu (one simulated device)):",
+    "  total 1.2 ms = compute 1 ms + communication 0.2 ms - hidden 0 us (overlap 0)",
+    "  compute 1 ms, memory 0.4 ms", "  all-reduce over dp: 0.2 ms, 4x, 1.0 MiB"]
+
+    Raises:
+      ValueError: the recorded breakdown is malformed (naming the field).
+    """
+    winner = config["results"]["winner"]
+    if winner.get("breakdown") is None:
+        return []
+    parts = Breakdown.from_json(winner["breakdown"], "results.winner.breakdown")
+    hardware = config.get("hardware") if isinstance(config.get("hardware"), dict) else {}
+    about = [str(hardware["model"])] if hardware.get("model") else []
+    if hardware.get("dcn_axes"):
+        about.append("across hosts: " + ",".join(hardware["dcn_axes"]))
+    return (["estimate of the exported plan" + (f" ({'; '.join(about)})" if about else "")
+             + ":"] + [f"  {line}" for line in parts.lines()])
 
 
 def _row_name(row: Mapping[str, Any]) -> str:
@@ -92,6 +116,7 @@ def plan_header(path: str, config: Mapping[str, Any], plan: Any) -> str:
     lines.append(f"  found on: mesh {recorded}"
                  + (f", {hardware.get('device_count')} {hardware.get('device_kind')} devices "
                     f"({hardware.get('platform')})" if hardware else "")
+                 + (f", estimated as {hardware['model']}" if hardware.get("model") else "")
                  + (f", study {search.get('study')!r}, objective {search.get('objective')}, "
                     f"seed {search.get('seed')}" if search else ""))
     if versions:

@@ -299,14 +299,16 @@ class HardwareModel:
         about = field.get("about", {})
         if not isinstance(about, dict):
             raise ValueError(f"{where}: field 'about' must be an object, got {about!r}")
+        overlap = field.number("overlap", optional=True, zero=True) or 0.0
+        if overlap > 1:
+            raise ValueError(f"{where}: field 'overlap' must be in [0, 1], got {overlap!r}")
+        memory_bandwidth = field.number("memory_bandwidth")
+        link_bandwidth = field.number("link_bandwidth", optional=True)
+        ici, dcn, fits = field.link("ici"), field.link("dcn"), field.fits()
         try:
-            return cls(
-                name, flops, field.number("memory_bandwidth"),
-                field.number("link_bandwidth", optional=True), memory_bytes,
-                field.link("ici"), field.link("dcn"), field.fits(), tuple(mesh.items()),
-                field.number("overlap", optional=True, zero=True) or 0.0,
-                tuple(about.items()))
-        except ValueError as err:
+            return cls(name, flops, memory_bandwidth, link_bandwidth, memory_bytes, ici, dcn,
+                       fits, tuple(mesh.items()), overlap, tuple(about.items()))
+        except ValueError as err:  # what only the whole model can check
             raise ValueError(f"{where}: {err}") from None
 
     @classmethod

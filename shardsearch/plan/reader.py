@@ -296,8 +296,7 @@ def _named_axes(value: Any, at: str) -> list[tuple[str, str]]:
 
     Walks a dataclass rule's fields (nested rules included), so a new rule kind
     is covered when it keeps axes in `PartitionSpec`s or in fields named
-    `axis_names` / `axes`, or in an `assignment` of (logical name, mesh axes)
-    pairs. Example: `BatchShardingRule(("dp",))` at "batch_rule"
+    `axis_names` / `axes`. Example: `BatchShardingRule(("dp",))` at "batch_rule"
     → `[("batch_rule.axes", "dp")]`.
     """
     if isinstance(value, P):
@@ -308,10 +307,6 @@ def _named_axes(value: Any, at: str) -> list[tuple[str, str]]:
             item, here = getattr(value, field.name, None), f"{at}.{field.name}"
             if field.name in ("axis_names", "axes") and isinstance(item, tuple | list):
                 out += [(here, a) for entry in item for a in _spec.entry_axes(entry)]
-            elif field.name == "assignment" and isinstance(item, tuple):
-                # (logical name, mesh-axis entry) pairs, as `LogicalAxisRule` keeps them.
-                out += [(f"{here}[{name!r}]", a) for name, entry in item
-                        for a in _spec.entry_axes(entry)]
             elif field.name != "mesh":
                 out += _named_axes(item, here)
         return out

@@ -245,10 +245,35 @@ def _minimum_footprint(abstract_args: Sequence[Any], n_devices: int) -> int:
     return total
 
 
-def _default_budget(mesh: jax.sharding.Mesh) -> int | None:
-    stats = mesh.devices.flat[0].memory_stats() or {}
+def _default_budget(ctx: Context) -> int | None:
+    """The budget when none is given: for an objective that runs nothing, the
+    hardware model's memory (a named chip's HBM) when it states one, since
+    the plan is for that chip; else the memory JAX reports for the devices at
+    hand."""
+    if not ctx.objective.needs_host_args:
+        try:
+            model = ctx.hardware_model()
+        except ValueError:  # no model for this platform: the objective says so itself
+            model = None
+        if model is not None and model.memory_bytes is not None:
+            return model.memory_bytes
+    stats = ctx.mesh.devices.flat[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
     return int(limit) if limit else None
+
+
+def _check_dcn_axes(dcn_axes: Any, mesh: jax.sharding.Mesh) -> tuple[str, ...]:
+    if isinstance(dcn_axes, str) or not all(isinstance(a, str) for a in dcn_axes):
+        raise ValueError(f"optimize: dcn_axes={dcn_axes!r}; give a sequence of mesh axis "
+                         f"names, e.g. ('dp',)")
+    axes = tuple(dcn_axes)
+    unknown = [a for a in axes if a not in mesh.axis_names]
+    if unknown or len(set(axes)) != len(axes):
+        what = (f"{unknown} are not axes of the mesh" if unknown
+                else "names an axis twice; the mesh's axes are")
+        raise ValueError(f"optimize: dcn_axes={axes}: {what} {tuple(mesh.axis_names)}; name "
+                         "the mesh axes whose devices sit on different hosts")
+    return axes
 
 
 def _check_mesh(mesh: Any) -> jax.sharding.Mesh:
@@ -355,13 +380,15 @@ def make_context(
     isolate: bool | None = False,
     execute_timeout: float = EXECUTE_TIMEOUT,
     verbose: bool = False,
+    dcn_axes: Sequence[str] = (),
 ) -> tuple[Context, Any]:
     """Checks a step, its arguments and a mesh, and builds the evaluation context.
 
     What `optimize` does before its first trial, available on its own to
     evaluate hand-picked candidates (benchmarks, studies) the same way.
-    `isolate` (default False here) is as for `optimize`: with isolation the
-    context owns a worker process; `ctx.close()` (or `with ctx:`) stops it.
+    The options are as for `optimize` (the default budget, `hardware` and
+    `dcn_axes` included); `isolate` defaults to False here: with isolation
+    the context owns a worker process; `ctx.close()` (or `with ctx:`) stops it.
 
     Returns:
       `(context, workload)`; workload is None when `step` is a plain function.
@@ -390,8 +417,18 @@ def make_context(
         raise ValueError(
             f"optimize: the step cannot be traced with these arguments: "
             f"{type(err).__name__}: {err}") from None
+    dcn_axes = _check_dcn_axes(dcn_axes, mesh)
+    ctx = Context(step, abstract_args, mesh, None, None, scorer, warmup, repeats,
+                  compile_timeout, hardware, execute_timeout=execute_timeout, verbose=verbose,
+                  dcn_axes=dcn_axes)
+    if scorer.uses_hardware:
+        try:
+            ctx.hardware_model()
+        except ValueError as err:
+            raise ValueError(f"optimize: objective {scorer.name!r} estimates with a hardware "
+                             f"model: {err}") from None
     budget = (parse_bytes(memory_budget) if memory_budget is not None
-              else _default_budget(mesh))
+              else _default_budget(ctx))
     n_devices = _mesh.device_count(mesh)
     minimum = _minimum_footprint(abstract_args, n_devices)
     if budget is not None and budget < minimum:
@@ -403,8 +440,7 @@ def make_context(
     if not execute_timeout > 0:
         raise ValueError(f"optimize: execute_timeout must be a positive number of seconds, "
                          f"got {execute_timeout!r}")
-    ctx = Context(step, abstract_args, mesh, host_args, budget, scorer, warmup, repeats,
-                  compile_timeout, hardware, execute_timeout=execute_timeout, verbose=verbose)
+    ctx.host_args, ctx.budget = host_args, budget
     if isolate is not False:
         from .isolate import Isolation
 

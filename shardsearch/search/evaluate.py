@@ -7,12 +7,15 @@ Each stage can end the evaluation, cheapest first:
                aliased bytes) over the budget. Nothing runs.
   3. measure — timed repeats reported one by one; the caller's `report`
                callback may stop it once the candidate is clearly slower.
+Between 2 and 3 the "hybrid" objective may cut a candidate at `Stage.ESTIMATE`:
+its estimate is too far behind the best the study has recorded to be timed.
 A compile that raises or overruns `compile_timeout` is a failed candidate, and
 so is a step that raises, or whose outputs hold NaN or Inf after the warm-up
 ("non-finite loss"). The stages and statuses are defined once, in
 `search.stages`. A candidate past stage 2 goes to the context's objective
 (`search.objectives`): the measured one runs stage 3, the static one
-estimates from the compiled program.
+estimates from the compiled program, the hybrid one estimates and runs stage
+3 on the promising.
 
 Stage 1 always runs here, in the study process. Stages 2 and 3 run here too,
 or, when the context has an `isolation` (`search.isolate`), in a worker
@@ -38,8 +41,10 @@ from ..base import spec as _spec
 from ..base import tree as _tree
 from ..base.analyzer import ShardingAnalyzer
 from ..base.monitor import create_monitored_function
+from ..cost.chips import hardware_for
 from ..cost.hardware import HardwareModel
 from ..cost.program import ProgramCost, XlaMemory
+from ..cost.topology import Topology
 from . import logs as _logs
 from .candidate import Candidate
 from .stages import COMPLETE, CUT, FAILED, Stage, Status
@@ -65,7 +70,7 @@ class Outcome:
       status: a `Status`: "complete", "cut" or "failed" (a string given is
         converted).
       cut_stage: the `Stage` that cut the candidate (stored as its int: 1
-        check, 2 compile, 3 measure); None unless cut.
+        check, 2 compile, 4 estimate, 3 measure); None unless cut.
       reason: why it was cut or failed; "" when complete.
       value: the objective in seconds (median measured step, or the static
         estimate); None unless complete.
@@ -83,6 +88,17 @@ class Outcome:
         rematerialization" warnings; 0 in studies from before they were kept.
       log_first: the first of them ("" when none), at most
         `logs.FIRST_LINE_CHARS` characters.
+      estimate: the hardware model's seconds per step for the compiled
+        program, for objectives that estimate ("static": the value itself;
+        "hybrid": what decided whether it was timed); None otherwise.
+      breakdown: the estimate's parts (`cost.breakdown.Breakdown.to_json()`:
+        compute, memory, each collective kind x axes); None when not
+        estimated or the model gives only a number (a subclass overriding
+        `HardwareModel.estimate`).
+
+    `to_json` is the form of the trial attribute "outcome", which predates
+    `estimate` and `breakdown`: the study stores those two beside it, in
+    attributes of their own (`search.record`).
 
     Example:
       >>> Outcome("ab12", "cut", 1, "invalid specs: ...").cut_stage
@@ -102,6 +118,8 @@ class Outcome:
     cache_hit: bool = False
     log_count: int = 0
     log_first: str = ""
+    estimate: float | None = None
+    breakdown: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Stored outcomes come back with the plain string and int.
@@ -121,7 +139,9 @@ class Outcome:
         object.__setattr__(self, "cut_stage", stage)
 
     def to_json(self) -> dict[str, Any]:
+        """The stored "outcome" attribute: every field but `estimate` and `breakdown`."""
         out = dataclasses.asdict(self)
+        del out["estimate"], out["breakdown"]
         out["status"] = self.status.value
         out["cut_stage"] = None if self.cut_stage is None else int(self.cut_stage)
         out["step_times"] = list(self.step_times)
@@ -151,7 +171,9 @@ class Context:
         stage 2 (`objective.name` is what studies store).
       warmup, repeats: untimed and timed calls per measured candidate.
       compile_timeout: seconds before a compile counts as failed.
-      hardware: the model behind the static objective (default by platform).
+      hardware: the model behind the objectives that estimate ("static",
+        "hybrid"); None: the built-in one for the mesh's platform
+        (`hardware_model()`).
       compiles: how many compiles this context has run (for tests and reports).
       isolation: a `search.isolate.Isolation` when stages 2 and 3 run in a
         worker process, None to run them in this one.
@@ -161,6 +183,13 @@ class Context:
       progress: called with "compiling", "running" and "step" as the
         evaluation goes; a worker uses it to tell the study process it is
         alive. None in the study process.
+      dcn_axes: the mesh axes that cross hosts, so the hardware model charges
+        collectives over them at the network between hosts (`topology()`).
+      estimates: the estimates the study has recorded so far, one per
+        distinct candidate, ascending: what the "hybrid" objective compares a
+        candidate with. The search loop refreshes them from the study before
+        each trial (so a resumed study, and several processes sharing one,
+        see every recorded trial); a worker process gets them with each job.
     """
 
     step: Callable[..., Any]
@@ -180,10 +209,24 @@ class Context:
     execute_timeout: float = EXECUTE_TIMEOUT
     verbose: bool = False
     progress: Callable[[str], None] | None = None
+    dcn_axes: tuple[str, ...] = ()
+    estimates: tuple[float, ...] = ()
 
     @property
     def analyzer(self) -> ShardingAnalyzer:
         return ShardingAnalyzer(self.mesh)
+
+    def hardware_model(self) -> HardwareModel:
+        """`hardware`, else the built-in model for the mesh's platform.
+
+        Raises:
+          ValueError: no model given and none built in for the platform.
+        """
+        return hardware_for(self.mesh.devices.flat[0].platform, self.hardware)
+
+    def topology(self) -> Topology:
+        """The mesh's axes and which of them cross hosts, for the hardware model."""
+        return Topology.of(self.mesh, self.dcn_axes)
 
     def close(self) -> None:
         """Stops the worker process, if any; a later evaluation starts a new one."""

@@ -7,6 +7,11 @@ with their resolved specs, the results, the hardware and the versions;
 Everything outside "results" is a function of the search's inputs and its
 seed, so two runs of the same search write files that differ only under
 "results" (where the measured numbers live) and plan files diff cleanly.
+
+A results row of an estimated trial ("static", "hybrid") also carries
+"estimate_seconds" and, when the model gave its parts, "breakdown"
+(`cost.breakdown.Breakdown.to_json()`); rows without an estimate, and plan
+files written before, have neither key.
 """
 
 from __future__ import annotations
@@ -212,12 +217,17 @@ def _row(record: TrialRecord, confirmation: Mapping[str, Any],
         median, timed_in = o.value, _timed_in(objective, o)
         if o.step_times:
             ci = list(median_ci(o.step_times))
-    return {"label": record.label, "trial": record.number, "status": o.status.value,
-            "cut_stage": stage_label(o.cut_stage),
-            "reason": o.reason or None, "median_seconds": median, "ci_seconds": ci,
-            "timed_in": timed_in, "memory_per_device": dict(sorted(o.memory.items())),
-            # XLA's log lines while it compiled and ran (e.g. rematerialization warnings).
-            "log_lines": o.log_count, "log_first": o.log_first or None}
+    row = {"label": record.label, "trial": record.number, "status": o.status.value,
+           "cut_stage": stage_label(o.cut_stage),
+           "reason": o.reason or None, "median_seconds": median, "ci_seconds": ci,
+           "timed_in": timed_in, "memory_per_device": dict(sorted(o.memory.items())),
+           # XLA's log lines while it compiled and ran (e.g. rematerialization warnings).
+           "log_lines": o.log_count, "log_first": o.log_first or None}
+    if o.estimate is not None:
+        row["estimate_seconds"] = o.estimate
+    if o.breakdown is not None:
+        row["breakdown"] = o.breakdown
+    return row
 
 
 def _interrupted(row: Mapping[str, Any]) -> bool:

@@ -245,7 +245,10 @@ class Isolation:
                  report: Callable[[int, float], bool] | None,
                  run: bool) -> tuple[Outcome, _logs.LogLines]:
         """Stage 2 and the objective in the worker; a lost worker fails the candidate."""
-        job = ("evaluate", tuple(specs), fp, dict(memory), run, report is not None)
+        # The study's recorded estimates change with every trial, so they travel
+        # with the job rather than in the payload written once.
+        job = ("evaluate", tuple(specs), fp, dict(memory), run, report is not None,
+               tuple(ctx.estimates))
         try:
             return self._request(ctx, job, report)
         except WorkerLost as lost:
@@ -409,7 +412,7 @@ def _write_payload(folder: Path, ctx: Context, program: tuple[str, Any]) -> None
                  tuple(mesh.axis_names), tuple(mesh.axis_types)),
         "budget": ctx.budget, "objective": ctx.objective, "warmup": ctx.warmup,
         "repeats": ctx.repeats, "compile_timeout": ctx.compile_timeout,
-        "hardware": ctx.hardware,
+        "hardware": ctx.hardware, "dcn_axes": tuple(ctx.dcn_axes),
     }
     config = _jax_config()
     # What a worker removes if this process dies without cleaning up (kill -9).

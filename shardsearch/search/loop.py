@@ -37,7 +37,7 @@ from .ownership import (
     interrupts_deferred,
     mark_interrupted,
 )
-from .record import TrialRecord
+from .record import TrialRecord, outcome_attrs, recorded_estimates
 from .result import OptimizeResult
 from .space import SearchSpace
 from .stages import COMPLETE, CUT, Stage
@@ -87,6 +87,7 @@ def optimize(
     isolate: bool | None = None,
     execute_timeout: float = EXECUTE_TIMEOUT,
     verbose: bool = False,
+    dcn_axes: Sequence[str] = (),
 ) -> OptimizeResult:
     """Searches rule parameters for the fastest sharding of `step` on `mesh`.
 
@@ -98,12 +99,17 @@ def optimize(
       mesh: the concrete mesh to compile and run on.
       n_trials: new trials to run in this call (warm-start baselines included).
       timeout: seconds; the search stops at whichever limit comes first.
-      memory_budget: per-device bytes or a string like "16GiB"; default the
-        device's memory where JAX reports it, else no limit.
-      objective: "measured" (median step seconds on the mesh) or "static"
-        (estimated from the compiled executable; nothing runs): a name in
-        `search.objectives.OBJECTIVES`, or an `Objective`. The study stores
-        its name.
+      memory_budget: per-device bytes or a string like "16GiB"; default:
+        for an objective that runs nothing ("static"), the hardware model's
+        `memory_bytes` when it has one (a named chip's memory, e.g.
+        "tpu-v5e": 16 GiB); else the device's memory where JAX reports it,
+        else no limit.
+      objective: "measured" (median step seconds on the mesh), "static"
+        (estimated from the compiled executable; nothing runs) or "hybrid"
+        (every candidate estimated, only those near the best estimates
+        measured; `search.objectives.Hybrid(factor, top_k)` for other
+        settings): a name in `search.objectives.OBJECTIVES`, or an
+        `Objective`. The study stores its name.
       storage: an Optuna storage URL; default an SQLite file under
         ./.shardsearch/, so a killed run resumes by study name.
       study_name: default derived from the step, mesh, objective and shapes.
@@ -114,7 +120,10 @@ def optimize(
       warmup, repeats: untimed and timed steps per measured candidate.
       confirm_rounds: interleaved re-timing rounds at the end (0 to skip).
       compile_timeout: seconds after which a compile counts as failed.
-      hardware: the model behind objective "static" (default by platform).
+      hardware: the model behind the objectives that estimate ("static",
+        "hybrid"): a `HardwareModel`, e.g. `cost.chips.HARDWARE["tpu-v5e"]`
+        or `HardwareModel.load("calibration.json")`; default by platform.
+        The study and the plan file's "hardware" section name it.
       compile_cache: a folder for JAX's persistent compilation cache, so a
         resumed study or a re-run compiles its candidates from disk. This sets
         the process-wide `jax_compilation_cache_dir` unless one is already
@@ -130,6 +139,9 @@ def optimize(
         finishing a step before its worker is stopped and it fails.
       verbose: print each candidate's XLA log lines (always counted in its
         outcome: `log_count`, `log_first`).
+      dcn_axes: the mesh axes that cross hosts (e.g. ("dp",)): the hardware
+        model charges collectives over them at the network between hosts,
+        the others at the links inside a slice or node.
       space: the families searched: "rules" (the seed rules; a study started
         before logical axes existed resumes only with this), "logical" (one
         logical-axis assignment for state and batch) or "both" (a `family`
@@ -162,7 +174,8 @@ def optimize(
     ctx, workload = make_context(
         step, args, mesh, memory_budget=memory_budget, objective=objective, seed=seed,
         warmup=warmup, repeats=repeats, compile_timeout=compile_timeout, hardware=hardware,
-        isolate=isolate, execute_timeout=execute_timeout, verbose=verbose)
+        isolate=isolate, execute_timeout=execute_timeout, verbose=verbose,
+        dcn_axes=dcn_axes)
     # The worker process, if one starts, ends with the search, however it ends.
     with ctx:
         # Starts the worker, then runs the replicated plan's first steps: a step that
@@ -188,14 +201,18 @@ def optimize(
         bind_study(study, identity_of(workload, abstract_args, mesh, scorer.name, space.space))
         fail_stale_trials(study)  # the RUNNING trials of runs that died become "interrupted"
         device = mesh.devices.flat[0]
+        hardware_attr = {"platform": device.platform, "device_kind": device.device_kind,
+                         "device_count": n_devices}
+        if scorer.uses_hardware:
+            # Which model the estimates came from, and the axes it took as crossing hosts.
+            hardware_attr |= {"model": ctx.hardware_model().name,
+                              "dcn_axes": list(ctx.dcn_axes)}
         # What `shardsearch export` needs to rebuild the plan without this process.
         for key, value in {
             "workload": workload.name if workload is not None else None,
             "mesh": _mesh.axis_sizes(mesh), "objective": scorer.name, "budget": budget,
             "space": space.space,
-            "seed": seed, "sampler": SAMPLER, "hardware": {"platform": device.platform,
-                                       "device_kind": device.device_kind,
-                                       "device_count": n_devices},
+            "seed": seed, "sampler": SAMPLER, "hardware": hardware_attr,
         }.items():
             study.set_user_attr(key, value)
         # A run that dies before finishing must not leave an older run's winner
@@ -280,6 +297,10 @@ class _Runner:
             outcome = _reuse(self.cache[fp])
         else:
             report = None if baseline else _reporter(trial)
+            if self.ctx.objective.needs_estimates:
+                # From the study, not this process's records: a resumed study and
+                # the other processes sharing it count too.
+                self.ctx.estimates = recorded_estimates(self.study.get_trials(deepcopy=False))
             outcome = _evaluate.evaluate(specs, fp, self.ctx, report)
             self.cache[fp] = outcome
         if specs is not None:
@@ -293,7 +314,8 @@ class _Runner:
                              time.perf_counter() - start)
         trial.set_user_attr("seconds", record.seconds)
         trial.set_user_attr("label", record.label)
-        trial.set_user_attr("outcome", outcome.to_json())
+        for key, value in outcome_attrs(outcome).items():  # "outcome", "estimate", ...
+            trial.set_user_attr(key, value)
         trial.set_user_attr("state_rule", record.state_rule)
         trial.set_user_attr("batch_rule", record.batch_rule)
         if outcome.status == COMPLETE:
@@ -333,7 +355,8 @@ def _progress(total: int, quiet: bool) -> Callable[[list[TrialRecord] | None], N
             bar.close()
             return
         values = [r.outcome.value for r in records if r.outcome.value is not None]
-        # Counts per stage in pipeline order, e.g. "cut 3/1/0" (check/compile/measure).
+        # Counts per stage in pipeline order, e.g. "cut 3/1/0/0"
+        # (check/compile/estimate/measure).
         cuts = "/".join(str(sum(r.outcome.cut_stage == s for r in records)) for s in Stage)
         bar.set_postfix_str(
             f"best {min(values) * 1e3:.2f} ms, cut {cuts}" if values else f"cut {cuts}")

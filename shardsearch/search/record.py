@@ -1,8 +1,17 @@
-"""One trial as the study records it: what was proposed and what happened."""
+"""One trial as the study records it: what was proposed and what happened.
+
+A trial's user attributes: "label", "seconds", "outcome" (`Outcome.to_json`),
+"state_rule", "batch_rule", and, for an estimated candidate, "estimate" (the
+hardware model's seconds) and "breakdown" (their parts,
+`cost.breakdown.Breakdown.to_json()`; absent when the model gave only a
+number). The last two are attributes of their own, so the "outcome" of
+studies recorded before them keeps its form (`outcome_attrs`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
@@ -10,6 +19,9 @@ import optuna
 from .evaluate import Outcome
 from .ownership import INTERRUPTED, LABEL_ATTR, REASON_ATTR
 from .stages import COMPLETE, FAILED, Stage
+
+ESTIMATE_ATTR = "estimate"
+BREAKDOWN_ATTR = "breakdown"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +47,11 @@ class TrialRecord:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "label": self.label, "params": self.params,
-                "outcome": self.outcome.to_json(), "state_rule": self.state_rule,
-                "batch_rule": self.batch_rule, "seconds": self.seconds}
+        """The record as JSON; "estimate" and "breakdown" only when it has them."""
+        out = {"number": self.number, "label": self.label, "params": self.params,
+               "outcome": self.outcome.to_json(), "state_rule": self.state_rule,
+               "batch_rule": self.batch_rule, "seconds": self.seconds}
+        return out | _estimated(self.outcome)
 
     @classmethod
     def from_trial(cls, trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
@@ -53,9 +67,53 @@ class TrialRecord:
                 return None
             return cls(trial.number, attrs.get(LABEL_ATTR, "search"), dict(trial.params),
                        Outcome("", FAILED, reason=INTERRUPTED), {}, {})
-        return cls(trial.number, attrs.get("label", "search"), dict(trial.params),
-                   Outcome.from_json(attrs["outcome"]), attrs["state_rule"],
-                   attrs["batch_rule"], attrs.get("seconds", 0.0))
+        outcome = dataclasses.replace(Outcome.from_json(attrs["outcome"]),
+                                      estimate=attrs.get(ESTIMATE_ATTR),
+                                      breakdown=attrs.get(BREAKDOWN_ATTR))
+        return cls(trial.number, attrs.get("label", "search"), dict(trial.params), outcome,
+                   attrs["state_rule"], attrs["batch_rule"], attrs.get("seconds", 0.0))
+
+
+def outcome_attrs(outcome: Outcome) -> dict[str, Any]:
+    """The trial attributes that store an outcome: "outcome", plus "estimate"
+    and "breakdown" when it has them.
+
+    Example:
+      >>> outcome_attrs(Outcome("ab12", "complete", value=0.01, estimate=0.01))
+      {'outcome': {...}, 'estimate': 0.01}
+    """
+    return {"outcome": outcome.to_json()} | _estimated(outcome)
+
+
+def _estimated(outcome: Outcome) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if outcome.estimate is not None:
+        out[ESTIMATE_ATTR] = outcome.estimate
+    if outcome.breakdown is not None:
+        out[BREAKDOWN_ATTR] = outcome.breakdown
+    return out
+
+
+def recorded_estimates(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[float, ...]:
+    """The estimates a study's trials recorded, one per distinct candidate, ascending.
+
+    What the "hybrid" objective compares a candidate with (`Context.estimates`).
+    A candidate evaluated again (a cache hit, or the same specs reached by
+    another trial) counts once, so repeats do not fill its top k.
+
+    Example:
+      >>> recorded_estimates(study.get_trials(deepcopy=False))
+      (0.0009, 0.0012, 0.0031)
+    """
+    by_candidate: dict[str, float] = {}
+    for trial in trials:
+        estimate = trial.user_attrs.get(ESTIMATE_ATTR)
+        if estimate is None:
+            continue
+        outcome = trial.user_attrs.get("outcome") or {}
+        key = outcome.get("fingerprint") or f"trial {trial.number}"
+        by_candidate.setdefault(key, float(estimate))
+    return tuple(sorted(by_candidate.values()))
 
 
 def summarize(records: list[TrialRecord]) -> dict[str, int]:
@@ -65,8 +123,8 @@ def summarize(records: list[TrialRecord]) -> dict[str, int]:
 
     Example:
       >>> summarize(records)
-      {"trials": 9, "completed": 5, "cut_check": 2, "cut_compile": 1, "cut_measure": 1,
-       "failed": 0, "cache_hits": 1}
+      {"trials": 9, "completed": 5, "cut_check": 2, "cut_compile": 1, "cut_estimate": 0,
+       "cut_measure": 1, "failed": 0, "cache_hits": 1}
     """
     out = {"trials": len(records), "completed": 0,
            **{stage.summary_key: 0 for stage in Stage}, "failed": 0, "cache_hits": 0}

@@ -27,7 +27,7 @@ class Stage(enum.IntEnum):
       >>> Stage(1), Stage.parse("compile"), Stage.MEASURE.label
       (<Stage.CHECK: 1>, <Stage.COMPILE: 2>, 'measure')
       >>> [s.summary_key for s in Stage]
-      ['cut_check', 'cut_compile', 'cut_measure']
+      ['cut_check', 'cut_compile', 'cut_estimate', 'cut_measure']
     """
 
     CHECK = 1
@@ -35,6 +35,10 @@ class Stage(enum.IntEnum):
     alone over the per-device budget. Nothing compiles."""
     COMPILE = 2
     """XLA's memory analysis over the budget. Nothing runs."""
+    ESTIMATE = 4
+    """The hardware model's estimate of the compiled program too far behind the
+    best estimates the study has recorded to be worth timing (the "hybrid"
+    objective). Nothing runs."""
     MEASURE = 3
     """Timed repeats, stopped once the candidate is clearly slower."""
 

@@ -9,7 +9,7 @@ builds the same `Context` the study process would evaluate with, says
 away, or after `isolate.IDLE_EXIT` idle seconds.
 
 Messages (pickled, over two pipes):
-  study → worker: ("evaluate", specs, fp, memory, run, reports),
+  study → worker: ("evaluate", specs, fp, memory, run, reports, estimates),
     ("nonfinite", specs), ("retime", finalists, rounds),
     ("compare", specs, reference_specs, rtol), ("prune", bool) answering a
     report, ("exit",);
@@ -111,7 +111,7 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
 
     return Context(step, abstract_args, mesh, host_args, body["budget"], body["objective"],
                    body["warmup"], body["repeats"], body["compile_timeout"], body["hardware"],
-                   progress=progress)
+                   progress=progress, dcn_axes=body["dcn_axes"])
 
 
 def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
@@ -152,7 +152,8 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
         return report
 
     def evaluate(specs: Any, fp: str, memory: dict[str, int], run: bool,
-                 reports: bool) -> tuple[Any, bool]:
+                 reports: bool, estimates: tuple[float, ...]) -> tuple[Any, bool]:
+        ctx.estimates = estimates  # the study's, as of this trial (`Context.estimates`)
         outcome = _evaluate.compile_and_score(specs, fp, ctx, memory,
                                               reporter() if reports else None, run)
         # After a raise or a timed-out compile the worker is not to be trusted
