@@ -16,6 +16,9 @@ names (`suite`, `runner`, `report`, and the search's) are private.
   `baseline_candidates`, `make_sampler`, `resolve`, `evaluate`, and the
   interleaved re-timing `retime` with `Timing`, `median_ci`, `faster_than`
   and `compare_outputs`.
+- Cost models a study compares (`benchmarks/fidelity`): `HARDWARE` (the
+  built-in models by name), `Topology` (a mesh's axes, for
+  `HardwareModel.breakdown`) and `get_objective` (an objective by name).
 
 `import shardsearch` does not import this package (it brings the runner's
 dependencies); import it by name.
@@ -29,6 +32,8 @@ Example:
     # results/cpu-sim8/entries/mlp-small-dp8.json, results/cpu-sim8/results.md
 """
 
+from ..cost.chips import HARDWARE as HARDWARE
+from ..cost.topology import Topology as Topology
 from ..search.confirm import Timing as Timing
 from ..search.confirm import compare_outputs as compare_outputs
 from ..search.confirm import faster_than as faster_than
@@ -38,6 +43,7 @@ from ..search.context import baseline_candidates as baseline_candidates
 from ..search.context import make_context as make_context
 from ..search.evaluate import evaluate as evaluate
 from ..search.evaluate import resolve as resolve
+from ..search.objectives import get_objective as get_objective
 from ..search.storage import make_sampler as make_sampler
 from .report import entry_line as entry_line
 from .report import format_speedup as format_speedup
@@ -60,11 +66,13 @@ from .suite import prepare_devices as prepare_devices
 from .suite import suite_names as suite_names
 
 __all__ = [
+    "HARDWARE",
     "QUARTER",
     "Entry",
     "Suite",
     "SuiteRun",
     "Timing",
+    "Topology",
     "baseline_candidates",
     "builtin_suites",
     "compare_outputs",
@@ -73,6 +81,7 @@ __all__ = [
     "faster_than",
     "find_suite",
     "format_speedup",
+    "get_objective",
     "load_entries",
     "load_suite",
     "machine_info",
