@@ -48,3 +48,13 @@ def format_bytes(n: int | None) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration for people, three significant digits: 0.0021 → "2.1 ms",
+    1.9e-05 → "19 us", 12.5 → "12.5 s"."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"

@@ -23,7 +23,7 @@ import dataclasses
 import math
 from typing import Any
 
-from ..base.units import format_bytes
+from ..base.units import format_bytes, format_seconds
 from .links import positive
 
 
@@ -143,20 +143,12 @@ class Breakdown:
     def lines(self) -> list[str]:
         """A few readable lines, largest collective first, e.g.
         "compute 1.20 s (bound), memory 0.40 s, communication 0.30 s (0.15 s hidden)"."""
-        out = [f"total {_seconds(self.total)} = {self.bound} {_seconds(self.roofline)} "
-               f"+ communication {_seconds(self.communication)} - hidden "
-               f"{_seconds(self.hidden)} (overlap {self.overlap:g})",
-               f"compute {_seconds(self.compute)}, memory {_seconds(self.memory)}"]
+        out = [f"total {format_seconds(self.total)} = {self.bound} {format_seconds(self.roofline)} "
+               f"+ communication {format_seconds(self.communication)} - hidden "
+               f"{format_seconds(self.hidden)} (overlap {self.overlap:g})",
+               f"compute {format_seconds(self.compute)}, memory {format_seconds(self.memory)}"]
         for c in sorted(self.collectives, key=lambda c: -c.seconds):
             axes = ",".join(c.axes) or "-"
-            out.append(f"{c.kind} over {axes}: {_seconds(c.seconds)}, {c.count}x, "
+            out.append(f"{c.kind} over {axes}: {format_seconds(c.seconds)}, {c.count}x, "
                        f"{format_bytes(int(c.bytes))}")
         return out
-
-
-def _seconds(value: float) -> str:
-    if value >= 1:
-        return f"{value:.3g} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.3g} ms"
-    return f"{value * 1e6:.3g} us"

@@ -45,6 +45,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from ..base.units import format_seconds
 from ..cost.hardware import HardwareModel
 from ..cost.program import ProgramCost
 from . import evaluate as _evaluate
@@ -211,8 +212,8 @@ class Hybrid(Objective):
         if sum(e < estimate for e in recorded) < self.top_k:
             return None
         ratio = estimate / best if best > 0 else math.inf
-        return (f"estimate {_duration(estimate)} is {ratio:.1f}x the best so far "
-                f"({_duration(best)}); hybrid measures within {self.factor:g}x or the best "
+        return (f"estimate {format_seconds(estimate)} is {ratio:.1f}x the best so far "
+                f"({format_seconds(best)}); hybrid measures within {self.factor:g}x or the best "
                 f"{self.top_k}")
 
     def score(self, candidate: CompiledCandidate, ctx: Context,
@@ -263,15 +264,6 @@ def estimate_program(program: ProgramCost, ctx: Context) -> tuple[float, dict[st
         raise ValueError(f"hardware model {hardware.name!r} cannot estimate the program: "
                          f"{err}") from None
     return breakdown.total, breakdown.to_json()
-
-
-def _duration(seconds: float) -> str:
-    """Seconds as a reason prints them: 0.0021 → "2.1 ms", 1.9e-05 → "19 us"."""
-    if seconds >= 1:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
 
 
 OBJECTIVES: dict[str, Objective] = {}
