@@ -449,6 +449,12 @@ def summarize_entry(header: dict[str, Any], records: list[dict[str, Any]]) -> di
                                           for r in costed]) for x in OVERLAPS}
     compile_times = [r["compile_seconds"] for r in records if r["compile_seconds"]]
     walls = [r["wall_seconds"] for r in records]
+    # How well the measurement ranks the candidates against itself: the first
+    # timed step against the second. No estimate can be expected to agree with
+    # the measured medians much better than the measurement agrees with itself.
+    twice = [r for r in done if len(r.get("step_times") or []) >= 2]
+    repeat = fidelity([(r["step_times"][0], r["step_times"][1], r["fingerprint"])
+                       for r in twice])["kendall_tau"]
     return {
         "workload": header.get("workload"), "mesh": header.get("mesh"),
         "machine": header.get("machine"),
@@ -459,7 +465,7 @@ def summarize_entry(header: dict[str, Any], records: list[dict[str, Any]]) -> di
                    "searched": sum(r["labels"] == ["search"] for r in records),
                    "not_costed": failed,
                    "errors": {label: _first_error(records, label) for label in labels}},
-        "stats": stats, "sweep": sweep,
+        "stats": stats, "sweep": sweep, "repeatability_tau": repeat,
         "timing": {"measured_seconds": math.fsum(walls),
                    "per_candidate_seconds": statistics.mean(walls) if walls else None,
                    "compile_seconds_median": (statistics.median(compile_times)
@@ -528,8 +534,11 @@ def report(result: dict[str, Any]) -> str:
     lines += [f"Measured on: {machine.get('cpu')}, {machine.get('cores')} cores. Wall time "
               f"of that command: {result['wall_seconds']:.0f} s; measuring every candidate "
               f"of these entries took {measured:.0f} s in all.", "",
+             "*step vs step τ*: Kendall τ between each candidate's first and second timed "
+             "step, how well the measurement ranks the candidates against itself.", "",
              "| workload | mesh | model | candidates (searched; complete) | Kendall τ "
-             "| Spearman | top-1 regret | est./meas. |", "|---|---|---|---|---|---|---|---|"]
+             "| Spearman | top-1 regret | est./meas. | step vs step τ |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for e in result["entries"]:
         for label, st in e["stats"].items():
             missing = e["counts"]["not_costed"][label]
@@ -538,7 +547,8 @@ def report(result: dict[str, Any]) -> str:
                 f"({e['counts']['searched']}; {e['counts']['complete']}"
                 f"{f', {missing} not costed' if missing else ''}) "
                 f"| {_f(st['kendall_tau'])} | {_f(st['spearman'])} | "
-                f"{_f(st['top1_regret'], 'x')} | {_f(st['median_ratio'], 'x', 3)} |")
+                f"{_f(st['top1_regret'], 'x')} | {_f(st['median_ratio'], 'x', 3)} "
+                f"| {_f(e.get('repeatability_tau'))} |")
     errors = [(e, label, msg) for e in result["entries"]
               for label, msg in e["counts"]["errors"].items() if msg]
     if errors:
