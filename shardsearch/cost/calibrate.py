@@ -70,9 +70,10 @@ from .topology import Topology
 
 CALIBRATED_OVERLAP = 0.0
 """The `HardwareModel.overlap` of a calibrated model: the fraction of
-communication taken to hide under compute. 0.0 (nothing hidden) until the
-fidelity study (`benchmarks/fidelity/`) chooses the value that ranks
-candidates best on this machine."""
+communication taken to hide under compute. 0.0 (nothing hidden), the value
+the fidelity study chose (`benchmarks/results/fidelity/analysis.md`): on the
+simulated CPU devices the calibrated model ranks candidates best with it, on
+the meshes it was chosen on and on the held-out ones alike."""
 
 TRIPS = 8
 """Collectives per calibration program: enough that one program's launch,
