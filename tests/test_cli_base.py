@@ -62,9 +62,9 @@ def test_main_in_process(capsys):
 
 
 def test_each_command_module_registers_one_subcommand(capsys):
-    from shardsearch.cli import bench, calibrate, explain, export, optimize, show
+    from shardsearch.cli import bench, calibrate, confirm, explain, export, launch, optimize, show
 
-    modules = (optimize, export, show, explain, bench, calibrate)
+    modules = (optimize, export, show, explain, bench, calibrate, confirm, launch)
     assert sorted(c.name for c in _cli.COMMANDS) == sorted(m.__name__.rpartition(".")[2]
                                                           for m in modules)
     assert {id(c) for c in _cli.COMMANDS} == {id(m.COMMAND) for m in modules}

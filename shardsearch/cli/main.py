@@ -1,7 +1,7 @@
 """The `shardsearch` command line: parse, call the library, print.
 
 Each command lives in its own module (`optimize`, `export`, `show`, `explain`,
-`bench`, `calibrate`), which registers its options and its run function as a `Command`;
+`bench`, `calibrate`, `confirm`), which registers its options and its run function as a `Command`;
 this module assembles them and turns their errors into exit codes.
 
 Exit codes: 0 success; 1 the work failed (no candidate completed, a plan that
@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from .._version import __version__
-from . import bench, calibrate, explain, export, optimize, show
+from . import bench, calibrate, confirm, explain, export, launch, optimize, show
 from .args import Command, UsageError, WorkFailed
 
 
@@ -39,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 EXIT_CODES = ("exit codes: 0 success, 1 the work failed, 2 usage error, 130 interrupted, 143 "
               "terminated")
 COMMANDS: tuple[Command, ...] = (optimize.COMMAND, export.COMMAND, show.COMMAND,
-                                 explain.COMMAND, bench.COMMAND, calibrate.COMMAND)
+                                 explain.COMMAND, bench.COMMAND, calibrate.COMMAND,
+                                 confirm.COMMAND, launch.COMMAND)
 # The shell's convention, 128 + the signal's number.
 INTERRUPTED, TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM
 

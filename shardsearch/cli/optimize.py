@@ -6,12 +6,14 @@ import argparse
 import math
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .._version import __version__
 from ..cost.chips import HARDWARE
+from ..search.distributed import DEFAULT_TIMEOUT as DEFAULT_LOCKSTEP_TIMEOUT
 from ..search.evaluate import EXECUTE_TIMEOUT
 from ..search.objectives import OBJECTIVES, Hybrid
 from .args import (
@@ -96,6 +98,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "from disk (default: %(default)s)")
     p.add_argument("--no-compile-cache", action="store_true",
                    help="leave JAX's compilation cache settings alone")
+    processes = p.add_argument_group(
+        "several processes (one mesh over several hosts; `shardsearch launch` tries it on one)")
+    processes.add_argument("--coordinator", metavar="HOST:PORT",
+                           help="process 0's address, the same in every process (default: "
+                                "JAX_COORDINATOR_ADDRESS, as jax.distributed.initialize "
+                                "reads it)")
+    processes.add_argument("--num-processes", type=positive_int, metavar="N",
+                           help="how many processes run this search (default: from the "
+                                "cluster environment JAX detects: Slurm, Open MPI, TPU)")
+    processes.add_argument("--process-id", type=count, metavar="I",
+                           help="this process's index, 0 to N-1; process 0 records the study "
+                                "and writes the plan (default: from the cluster environment)")
+    processes.add_argument("--lockstep-timeout", type=positive_float, metavar="S",
+                           help="seconds a process waits for a silent peer before the run "
+                                "stops with exit code 1 (default "
+                                f"{DEFAULT_LOCKSTEP_TIMEOUT:g})")
     timing = p.add_argument_group("timing")
     timing.add_argument("--warmup", type=count, default=2, metavar="N",
                         help="untimed steps per candidate (default 2)")
@@ -107,12 +125,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    if a.isolate is not False:
+    several = distributed_requested(a)
+    if several and a.isolate:
+        raise UsageError("--isolate is not available across processes (a worker cannot join "
+                         "the mesh); drop it")
+    if a.isolate is not False and not several:
         # On GPUs a study process that preallocates leaves its worker little memory.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     # Before anything asks JAX for devices: the count is fixed at backend start.
     if a.devices is not None:
         simulate_devices(a.devices)
+    if not several:
+        return search(a, several)
+    join_processes(a)
+    try:
+        code = search(a, several)
+    except BaseException as err:  # every way out of one of several processes
+        leave_processes(err)
+        raise
+    # Together, so JAX's shutdown barrier finds every process there.
+    import jax
+
+    jax.distributed.shutdown()
+    return code
+
+
+def search(a: argparse.Namespace, several: bool) -> int:
+    """`run` once JAX is set up: the search, then the plan (process 0)."""
     from ..base.mesh import parse_mesh
     from ..base.secrets import redact_url as redact
     from ..base.units import parse_bytes
@@ -138,27 +177,44 @@ def run(a: argparse.Namespace) -> int:
     kept = ("the same command resumes it" if is_resumable(storage)
             else "in memory: it ends with this process")
     n = mesh.devices.size
-    print(f"shardsearch {__version__}: {chosen.name} on mesh {axes(mesh)} ({n} "
-          f"{mesh.devices.flat[0].platform} devices), {a.trials} trials, objective "
-          f"{a.objective}", flush=True)
+    if several:
+        from ..search.distributed import Distributed
+
+        distributed = Distributed(timeout=a.lockstep_timeout or DEFAULT_LOCKSTEP_TIMEOUT)
+        rank = process_index()
+        if rank != 0:
+            print(f"process {rank}: following process 0 on mesh {axes(mesh)} ({n} devices)",
+                  flush=True)
+    else:
+        distributed = rank = None
+    if not rank:
+        print(f"shardsearch {__version__}: {chosen.name} on mesh {axes(mesh)} ({n} "
+              f"{mesh.devices.flat[0].platform} devices), {a.trials} trials, objective "
+              f"{a.objective}", flush=True)
     try:
         result = optimize(
             chosen, mesh=mesh, n_trials=a.trials, timeout=a.timeout, memory_budget=budget,
             objective=objective, storage=storage, study_name=a.study, seed=a.seed,
             warmup=a.warmup, repeats=a.repeats, confirm_rounds=a.confirm_rounds,
             compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet,
-            space=a.space, isolate=a.isolate, execute_timeout=a.execute_timeout,
-            verbose=a.verbose, hardware=hardware, dcn_axes=a.dcn_axes)
+            space=a.space, isolate=False if several else a.isolate,
+            execute_timeout=a.execute_timeout, verbose=a.verbose, hardware=hardware,
+            dcn_axes=a.dcn_axes, **({"distributed": distributed} if several else {}))
     except ValueError as err:  # optimize checks its inputs before any trial
         raise UsageError(str(err)) from None
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: main says what is kept
-        stop.args = (f"finished trials are kept in the study, {kept}" if is_resumable(storage)
-                     else "the study was in memory and is gone",)
+        note = (f"finished trials are kept in the study, {kept}" if is_resumable(storage)
+                else "the study was in memory and is gone")
+        # A lost process (`search.distributed.PeerLost`) says which, first.
+        stop.args = (f"{stop}; {note}" if str(stop) else note,)
         raise
     except (RecursionError, NotImplementedError):
         raise  # bugs, not failed work: keep their traceback
     except RuntimeError as err:  # no candidate completed; XLA failing on the devices
         raise WorkFailed(str(err)) from None
+    if result is None:  # another process than 0: that one records and writes
+        print(f"process {rank}: done; process 0 wrote the plan", flush=True)
+        return 0
     config = export_config(result, workload=chosen)
     try:
         written = write_config(config, out)
@@ -171,6 +227,60 @@ def run(a: argparse.Namespace) -> int:
     print(f"study: {result.study.study_name!r} in {redact(storage)} ({kept})")
     print(f"wrote {written}")
     return 0
+
+
+def distributed_requested(a: argparse.Namespace) -> bool:
+    """Whether this run is one of several processes: any of the flags given,
+    or JAX_COORDINATOR_ADDRESS set (as for `jax.distributed.initialize`)."""
+    given = (a.coordinator, a.num_processes, a.process_id, a.lockstep_timeout)
+    return any(v is not None for v in given) or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+
+
+def join_processes(a: argparse.Namespace) -> None:
+    """Joins the other processes (`search.distributed.initialize`), before
+    JAX starts: `--devices` is then the count of each process."""
+    from ..search.distributed import initialize
+
+    if a.num_processes is not None and a.process_id is not None and \
+            a.process_id >= a.num_processes:
+        raise UsageError(f"--process-id {a.process_id} must be below --num-processes "
+                         f"{a.num_processes} (processes count from 0)")
+    try:
+        initialize(a.coordinator, a.num_processes, a.process_id,
+                   timeout=a.lockstep_timeout or DEFAULT_LOCKSTEP_TIMEOUT)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def leave_processes(err: BaseException) -> None:
+    """How one of several processes ends on an error: the others are told at
+    once (`search.distributed.announce_exit`), then this one leaves with its
+    exit code and one line on stderr, without JAX's shutdown barrier, which
+    would wait for processes that are gone. Ctrl-C and SIGTERM are left to
+    `main` (every process got the signal)."""
+    from ..search.distributed import PeerLost, announce_exit
+
+    if isinstance(err, KeyboardInterrupt) and not isinstance(err, PeerLost):
+        announce_exit("it was interrupted")
+        return
+    code = 2 if isinstance(err, UsageError) else \
+        int(err.code or 0) if isinstance(err, SystemExit) else 1
+    message = " | ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    announce_exit(message or type(err).__name__)
+    if not isinstance(err, UsageError | WorkFailed | PeerLost | SystemExit):
+        import traceback
+
+        traceback.print_exception(err)
+    sys.stdout.flush()
+    sys.stderr.write(f"shardsearch optimize: error: {message}\n")
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def objective_option(a: argparse.Namespace) -> Any:

@@ -140,7 +140,7 @@ def compare_outputs(
         compiled, _ = _evaluate.compile_step(s, ctx)
         result, _metrics = compiled.monitored(*_evaluate.place(s, ctx))
         _evaluate.progress(ctx, "step")
-        outputs.append(jax.device_get(result))
+        outputs.append(_evaluate.to_host(result))
     (state, metrics), (ref_state, ref_metrics) = outputs
     match = True
     for got, want in zip(jax.tree.leaves(metrics), jax.tree.leaves(ref_metrics), strict=True):

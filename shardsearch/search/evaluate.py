@@ -500,6 +500,14 @@ def place(specs: Sequence[Any], ctx: Context) -> list[Any]:
         jax.tree.map(lambda s: NamedSharding(ctx.mesh, s), tree,
                      is_leaf=lambda s: isinstance(s, PartitionSpec))
         for tree in specs)
+    if jax.process_count() > 1:
+        # A mesh across processes (`search.distributed`): each places its own
+        # shards of the same host arrays, with no cross-process comparison of
+        # the values (device_put's, a collective per leaf) for every candidate.
+        return list(jax.tree.map(
+            lambda x, s: jax.make_array_from_callback(np.shape(x), s,
+                                                      lambda i: np.asarray(x)[i]),
+            ctx.host_args(), shardings))
     return list(jax.device_put(ctx.host_args(), shardings))
 
 
@@ -541,6 +549,17 @@ def time_steps(
     if timed:
         check_finite(result, f"after {ctx.warmup + len(timed)} step(s)")
     return [m["execution_time"] for m in timed]
+
+
+def to_host(tree: Any) -> Any:
+    """Host copies of a tree of arrays, whole even where they span several
+    processes (a multi-process search, `search.distributed`): there every
+    process must call it, in the same order, as for any collective."""
+    if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(tree)):
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 @jax.jit

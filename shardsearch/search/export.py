@@ -203,6 +203,8 @@ def _results(chosen: TrialRecord, records: list[TrialRecord],
         "max_relative_error": summary.get("max_relative_error") if is_best else None,
         "trials": summarize(records),
         "compiles": summary.get("compiles"),
+        # Workers sharing a study: who re-timed the finalists (`search.claims`).
+        **({"confirmed_by": summary["confirmed_by"]} if "confirmed_by" in summary else {}),
     }
 
 

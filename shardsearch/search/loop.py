@@ -9,6 +9,7 @@ propose and record while every process evaluates the same candidate:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
@@ -23,8 +24,10 @@ from ..base import mesh as _mesh
 from ..base import tree as _tree
 from ..cost.hardware import HardwareModel
 from ..rules.base import ShardingRule
+from . import distributed as _distributed
 from . import evaluate as _evaluate
 from .candidate import Candidate
+from .claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
 from .context import baseline_candidates, make_context, make_space
 from .evaluate import EXECUTE_TIMEOUT, Context, Outcome
 from .finish import finish
@@ -88,7 +91,8 @@ def optimize(
     execute_timeout: float = EXECUTE_TIMEOUT,
     verbose: bool = False,
     dcn_axes: Sequence[str] = (),
-) -> OptimizeResult:
+    distributed: _distributed.Distributed | None = None,
+) -> OptimizeResult | None:
     """Searches rule parameters for the fastest sharding of `step` on `mesh`.
 
     Args:
@@ -142,6 +146,12 @@ def optimize(
       dcn_axes: the mesh axes that cross hosts (e.g. ("dp",)): the hardware
         model charges collectives over them at the network between hosts,
         the others at the links inside a slice or node.
+      distributed: how to run when the mesh spans several JAX processes
+        (`search.distributed`: call its `initialize` first thing in every
+        process, then `optimize` with the same arguments in each); default
+        `Distributed()` there. Process 0 searches and records; the others
+        compile and run the same candidates in lockstep and get None back.
+        Across processes `isolate` must not be True (None means False).
       space: the families searched: "rules" (the seed rules; a study started
         before logical axes existed resumes only with this), "logical" (one
         logical-axis assignment for state and batch) or "both" (a `family`
@@ -151,7 +161,8 @@ def optimize(
         default study name gains `/<space>` for "logical" and "both".
 
     Returns:
-      An `OptimizeResult`.
+      An `OptimizeResult`; None in processes other than 0 of a
+      multi-process search.
 
     Raises:
       ValueError: an unusable mesh, arguments the step cannot be traced with,
@@ -171,11 +182,21 @@ def optimize(
         check_study_name(study_name)  # before the default could stand in for ""
     if compile_cache is not None:
         use_compile_cache(compile_cache)
+    lockstep = _distributed.settings(distributed, isolate)
+    if lockstep is not None:
+        isolate = False
     ctx, workload = make_context(
         step, args, mesh, memory_budget=memory_budget, objective=objective, seed=seed,
         warmup=warmup, repeats=repeats, compile_timeout=compile_timeout, hardware=hardware,
         isolate=isolate, execute_timeout=execute_timeout, verbose=verbose,
         dcn_axes=dcn_axes)
+    if lockstep is not None:
+        # Process 0 runs the search; the others run its jobs until it ends.
+        ctx.isolation = _distributed.Lockstep(ctx, lockstep)
+        if not ctx.isolation.leader:
+            with ctx:
+                ctx.isolation.follow(ctx)
+            return None
     # The worker process, if one starts, ends with the search, however it ends.
     with ctx:
         # Starts the worker, then runs the replicated plan's first steps: a step that
@@ -222,15 +243,23 @@ def optimize(
         runner = _Runner(study, ctx, space, quiet)
         baselines = (baseline_candidates(workload, mesh, abstract_args, space.logical)
                      if warm_start else {})
+        # The workers sharing the study: the last one to finish confirms.
+        roster = Roster(study) if scorer.confirms and confirm_rounds else None
         try:
-            runner.run(baselines, n_trials, timeout)
-            result = finish(runner, workload, mesh, confirm_rounds)
+            with roster or contextlib.nullcontext():
+                runner.run(baselines, n_trials, timeout, roster)
+                confirmed_by = roster.turn() if roster is not None else None
+            runner.add_others()  # what other workers recorded meanwhile
+            result = finish(runner, workload, mesh, 0 if confirmed_by in (
+                CONFIRM_LEFT, CONFIRMED_ELSEWHERE) else confirm_rounds)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the CLI: the process is ending
             close_storage(study)
             raise
+    result.confirmed_by = confirmed_by
     summary = result.to_json()
     del summary["trials"]  # every trial already carries its own record
-    study.set_user_attr("result", summary)
+    if confirmed_by != CONFIRMED_ELSEWHERE:  # that worker writes the result
+        study.set_user_attr("result", summary)
     return result
 
 
@@ -242,6 +271,8 @@ class _Runner:
         self.cache: dict[str, Outcome] = {}
         self.specs: dict[str, tuple[Any, ...]] = {}
         self.records: list[TrialRecord] = []
+        # A fingerprint is compiled once across the workers sharing the study.
+        self.claims = CompileClaims(study, wait=2 * ctx.compile_timeout)
         for trial in study.get_trials(deepcopy=False):
             record = TrialRecord.from_trial(trial)
             if record is not None:
@@ -250,7 +281,7 @@ class _Runner:
                     self.cache.setdefault(record.outcome.fingerprint, record.outcome)
 
     def run(self, baselines: Mapping[str, Candidate], n_trials: int,
-            timeout: float | None) -> None:
+            timeout: float | None, roster: Roster | None = None) -> None:
         # Baselines this study already has, or another run is running, are skipped.
         claims = BaselineClaims(self.study, list(baselines))
         start = time.perf_counter()
@@ -259,10 +290,27 @@ class _Runner:
             for _ in range(n_trials):
                 if timeout is not None and time.perf_counter() - start > timeout:
                     break
+                if self.claims.shared:
+                    # A worker killed mid-trial leaves it RUNNING: the others end it.
+                    fail_stale_trials(self.study)
                 self.one(claims, baselines)
                 progress(self.records)
+                if roster is not None:
+                    roster.touch()
         finally:
             progress(None)
+        if self.claims.shared:
+            fail_stale_trials(self.study)
+
+    def add_others(self) -> None:
+        """Adds the records other runs made while this one ran (workers sharing
+        the study), in trial order."""
+        known = {r.number for r in self.records}
+        for trial in self.study.get_trials(deepcopy=False):
+            record = None if trial.number in known else TrialRecord.from_trial(trial)
+            if record is not None:
+                self.records.append(record)
+        self.records.sort(key=lambda r: r.number)
 
     def one(self, claims: BaselineClaims, baselines: Mapping[str, Candidate]) -> TrialRecord:
         trial = None
@@ -295,6 +343,9 @@ class _Runner:
             outcome = Outcome("", CUT, Stage.CHECK, fp)
         elif fp in self.cache:
             outcome = _reuse(self.cache[fp])
+        elif (other := self.claims.acquire(fp, trial.number)) is not None:
+            outcome = _reuse(other)  # another worker evaluated it
+            self.cache[fp] = other
         else:
             report = None if baseline else _reporter(trial)
             if self.ctx.objective.needs_estimates:
@@ -318,6 +369,9 @@ class _Runner:
             trial.set_user_attr(key, value)
         trial.set_user_attr("state_rule", record.state_rule)
         trial.set_user_attr("batch_rule", record.batch_rule)
+        if isinstance(self.ctx.isolation, _distributed.Lockstep):  # each process's times
+            for key, value in self.ctx.isolation.trial_attrs(outcome).items():
+                trial.set_user_attr(key, value)
         if outcome.status == COMPLETE:
             self.study.tell(trial, outcome.value)
         elif outcome.status == CUT:

@@ -42,6 +42,9 @@ class OptimizeResult:
       objective, budget, mesh_axes: how the search was set up (the objective
         by name, as the study stores it).
       compiles: how many compiles this call ran.
+      confirmed_by: who re-timed the finalists when the objective re-times
+        them and workers share the study (`search.claims`): "the last worker
+        to finish", or that this worker left it to another; None otherwise.
     """
 
     best_rule: ShardingRule
@@ -60,6 +63,7 @@ class OptimizeResult:
     budget: int | None
     mesh_axes: dict[str, int]
     compiles: int
+    confirmed_by: str | None = None
 
     def summary(self) -> dict[str, int]:
         """Trials by outcome: completed, cut at each stage, failed, cache hits."""
@@ -85,6 +89,7 @@ class OptimizeResult:
             "mesh": self.mesh_axes,
             "study_name": self.study.study_name,
             "compiles": self.compiles,
+            **({"confirmed_by": self.confirmed_by} if self.confirmed_by is not None else {}),
             "trials": [t.to_json() for t in self.trials],
         }
 

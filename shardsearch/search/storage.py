@@ -9,6 +9,7 @@ opens a study and asks it for trials.
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,19 @@ def open_study(storage: str | None, study_name: str, sampler: Any = None,
     check_study_name(study_name)
     url = storage or default_storage()
     try:
-        if create:
-            return optuna.create_study(
-                storage=url, study_name=study_name, sampler=sampler, pruner=pruner,
-                direction="minimize", load_if_exists=True)
-        return optuna.load_study(storage=url, study_name=study_name, sampler=sampler,
-                                 pruner=pruner)
+        for attempt in range(SCHEMA_ATTEMPTS):
+            try:
+                if create:
+                    return optuna.create_study(
+                        storage=url, study_name=study_name, sampler=sampler, pruner=pruner,
+                        direction="minimize", load_if_exists=True)
+                return optuna.load_study(storage=url, study_name=study_name, sampler=sampler,
+                                         pruner=pruner)
+            except Exception as err:
+                if attempt + 1 == SCHEMA_ATTEMPTS or not _lost_schema_race(err):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
     except KeyError:
         raise ValueError(
             f"no study named {study_name!r} in storage {redact_url(url)!r}; list them with "
@@ -69,8 +77,38 @@ def open_study(storage: str | None, study_name: str, sampler: Any = None,
         cause = f" ({err.__cause__})" if isinstance(err, ImportError) and err.__cause__ else ""
         raise ValueError(
             f"cannot open storage {redact_url(url)!r}: {type(err).__name__}: "
-            f"{hide_secrets(str(err) + cause, url)}; give an Optuna storage URL such as "
-            "sqlite:///path/to/studies.db") from None
+            f"{hide_secrets(str(err) + cause, url)}; {_storage_hint(url, err)}") from None
+
+
+# Workers started together on a new database all create Optuna's tables at
+# once; those that lose the race find them made on the next attempt.
+SCHEMA_ATTEMPTS = 4
+
+
+def _lost_schema_race(err: Exception) -> bool:
+    """Whether opening a storage failed because another process was creating
+    its tables at that moment (or, SQLite, held the file's lock)."""
+    name, text = type(err).__name__, str(err).lower()
+    return name == "IntegrityError" or (
+        name in ("OperationalError", "ProgrammingError")
+        and ("already exists" in text or "database is locked" in text))
+
+
+def _storage_hint(url: str, err: Exception) -> str:
+    """How to fix a storage that would not open, by what went wrong."""
+    scheme = url.partition("://")[0]
+    postgres = scheme.startswith("postgresql")
+    if scheme in ("postgresql", "postgresql+psycopg", "postgresql+psycopg2") and \
+            isinstance(err, ImportError):
+        # SQLAlchemy reads postgresql:// as psycopg 3 and +psycopg2 as psycopg2.
+        return ("install the PostgreSQL drivers with pip install 'shardsearch[postgres]' "
+                "(postgresql:// uses psycopg 3, postgresql+psycopg2:// uses psycopg2)")
+    if type(err).__name__ == "OperationalError" and not scheme.startswith("sqlite"):
+        return ("check that the server runs on that host and port and that the user, "
+                "password and database are right" + (
+                    " (a database is made with createdb -O USER NAME; see the README, "
+                    "'Across machines')" if postgres else ""))
+    return "give an Optuna storage URL such as sqlite:///path/to/studies.db"
 
 
 def check_study_name(name: Any) -> str:
@@ -122,16 +160,27 @@ def close_storage(study: optuna.Study) -> None:
     sees its connections end rather than vanish. The study stays usable: a
     later call opens new connections.
     """
-    # Optuna wraps an RDBStorage (`engine`) in a cache (`_backend`); neither is public.
-    backend = getattr(study._storage, "_backend", study._storage)
-    engine = getattr(backend, "engine", None)
+    engine = storage_engine(study)
     # Closing an in-memory database would erase it (its URL has no password).
     if engine is None or not is_resumable(str(engine.url)):
         return
+    backend = getattr(study._storage, "_backend", study._storage)
     # Best effort: it runs on the way out of an interrupt, which must stay one.
     with contextlib.suppress(Exception):
         backend.remove_session()
         engine.dispose()
+
+
+def storage_engine(study: optuna.Study) -> Any:
+    """The SQLAlchemy engine of a study's relational storage; None for others
+    (`InMemoryStorage`, journal files).
+
+    Other processes see what goes through it: `search.claims` keeps its
+    table in the same database.
+    """
+    # Optuna wraps an RDBStorage (`engine`) in a cache (`_backend`); neither is public.
+    backend = getattr(study._storage, "_backend", study._storage)
+    return getattr(backend, "engine", None)
 
 
 def use_compile_cache(folder: str | Path) -> Path:

@@ -1,0 +1,106 @@
+"""Confirming a stored study: its finalists re-timed side by side, after the search.
+
+Workers that share a study leave the confirmation to the one that finishes
+last (`search.claims.Roster`). `confirm_study` does it on its own, for a
+study whose workers ran with no confirmation rounds, or whose last worker
+died before its own: the finalists of every trial recorded are re-timed on
+this process's devices, the winner is picked and checked as `optimize` does
+(`search.finish`), and the result is stored in the study, saying it came from
+here ("confirmed_by").
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import jax
+
+from ..base import mesh as _mesh
+from .context import make_context
+from .finish import finish
+from .identity import check_workload
+from .objectives import get_objective
+from .record import TrialRecord
+from .result import OptimizeResult
+from .storage import open_study
+
+# The "confirmed_by" of a result `confirm_study` stored.
+CONFIRMED_BY_COMMAND = "shardsearch confirm"
+
+
+def confirm_study(
+    storage: str | None,
+    study_name: str,
+    *,
+    mesh: jax.sharding.Mesh,
+    workload: Any = None,
+    rounds: int = 10,
+    warmup: int = 2,
+    repeats: int = 7,
+) -> OptimizeResult:
+    """Re-times the finalists of a stored study on `mesh` and records the winner.
+
+    Args:
+      storage: the study's Optuna storage URL (None: the default SQLite file).
+      study_name: the study.
+      mesh: a mesh with the study's axes, in order, and sizes.
+      workload: the `Workload` the study searched; default its built-in one.
+      rounds: interleaved re-timing rounds (at least 1).
+      warmup, repeats: as for `optimize` (the output check's steps).
+
+    Returns:
+      The `OptimizeResult`, as `optimize` would have returned it; the study's
+      "result" is replaced with it, "confirmed_by": "shardsearch confirm".
+
+    Raises:
+      ValueError: no such study, one shardsearch did not write, an objective
+        that re-times nothing ("static"), another mesh or workload than the
+        study's, or no completed trial.
+
+    Example:
+      >>> confirm_study("postgresql://u:pw@db/shardsearch", "gpt-dp2-tp4", mesh=mesh)
+    """
+    if rounds < 1:
+        raise ValueError(f"confirm_study: need rounds >= 1, got {rounds=}")
+    study = open_study(storage, study_name, create=False)
+    attrs = study.user_attrs
+    where = f"study {study_name!r}"
+    if "mesh" not in attrs or "objective" not in attrs:
+        raise ValueError(f"{where} has no shardsearch attributes; confirm studies that "
+                         "`shardsearch optimize` ran")
+    objective = get_objective(attrs["objective"])
+    if not objective.confirms:
+        raise ValueError(f"{where} used objective {objective.name!r}, which re-times "
+                         "nothing; its result needs no confirmation")
+    recorded = {str(k): int(v) for k, v in dict(attrs["mesh"]).items()}
+    if _mesh.axis_sizes(mesh) != recorded:
+        raise ValueError(
+            f"{where} searched mesh {_axes(recorded)}; this mesh is "
+            f"{_axes(_mesh.axis_sizes(mesh))}")
+    if workload is None:
+        from .export import _builtin_workload
+
+        if attrs.get("workload") is None:
+            raise ValueError(f"{where} searched a raw step; confirm it from Python with its "
+                             "workload")
+        workload = _builtin_workload(attrs["workload"], where)
+    check_workload(study, workload, None)
+    ctx, workload = make_context(workload, None, mesh, memory_budget=attrs.get("budget"),
+                                 objective=objective, seed=attrs.get("seed") or 0,
+                                 warmup=warmup, repeats=repeats)
+    records = [r for t in study.get_trials(deepcopy=False)
+               if (r := TrialRecord.from_trial(t)) is not None]
+    # What `finish` reads of the search loop's runner.
+    runner = types.SimpleNamespace(ctx=ctx, records=records, study=study, specs={})
+    with ctx:
+        result = finish(runner, workload, mesh, rounds)
+    result.confirmed_by = CONFIRMED_BY_COMMAND
+    summary = result.to_json()
+    del summary["trials"]
+    study.set_user_attr("result", summary)
+    return result
+
+
+def _axes(sizes: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sizes.items())

@@ -1,0 +1,253 @@
+"""Several workers on one study: `shardsearch optimize` processes sharing a storage.
+
+The workers run the real command in subprocesses (static objective, mlp:tiny
+on 8 simulated devices each) on a real PostgreSQL server (`pgserver`) and on
+an SQLite file; the claims (`search.claims`) are also tested on their own,
+in this process, where a dead worker is a pid that no longer runs.
+"""
+
+import collections
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from pgserver import fresh_database, postgres_url
+from sqlalchemy.engine import make_url
+
+from shardsearch.search.claims import (
+    CONFIRM_LEFT,
+    CONFIRMED_ELSEWHERE,
+    CONFIRMED_HERE,
+    CompileClaims,
+    Roster,
+)
+from shardsearch.search.evaluate import Outcome
+from shardsearch.search.ownership import OWNER_ATTR, Owner
+from shardsearch.search.record import outcome_attrs
+from shardsearch.search.stages import COMPLETE
+from shardsearch.search.storage import close_storage
+
+STUDY = "workers"
+COMMAND = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--devices", "8",
+           "--objective", "static", "--space", "rules", "--study", STUDY,
+           "--no-compile-cache", "--no-isolate", "--confirm-rounds", "0"]
+
+
+def _worker(tmp_path, storage, name, trials, seed):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    return subprocess.Popen(
+        [sys.executable, "-m", "shardsearch", *COMMAND, "--storage", storage, "--trials",
+         str(trials), "--seed", str(seed), "--out", str(tmp_path / f"{name}.json")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _after_trials(process, n, trials, limit=120.0):
+    """Reads `process`'s progress bar until it shows `n` finished trials."""
+    seen, deadline = b"", time.monotonic() + limit
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stderr], [], [], 1.0)
+        if not ready:
+            continue
+        chunk = os.read(process.stderr.fileno(), 1 << 16)
+        if not chunk:
+            break
+        seen += chunk
+        if max((int(k) for k in re.findall(rb"\| *(\d+)/%d " % trials, seen)), default=0) >= n:
+            return
+    process.kill()
+    raise AssertionError(f"no {n} finished trials in time; stderr: {seen[-2000:]!r}")
+
+
+def _kill_mid_trial(process, url, tries=50):
+    """kill -9 of `process` while it runs a trial that names it as its owner;
+    that trial's number.
+
+    The process is frozen (SIGSTOP) while the study is read, so what the
+    study shows is what it was doing when killed.
+    """
+    for _ in range(tries):
+        process.send_signal(signal.SIGSTOP)
+        running = [t.number for t in _trials(url) if t.state == TrialState.RUNNING
+                   and (t.user_attrs.get(OWNER_ATTR) or {}).get("pid") == process.pid]
+        if running:
+            process.send_signal(signal.SIGKILL)
+            process.communicate()
+            return running[0]
+        process.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError("the worker was never caught mid-trial")
+
+
+def _finish(process, limit=240):
+    out, err = process.communicate(timeout=limit)
+    assert process.returncode == 0, err.decode()[-3000:]
+    return out.decode() + err.decode()
+
+
+def _trials(url):
+    study = optuna.load_study(study_name=STUDY, storage=url)
+    try:
+        return study.get_trials()
+    finally:
+        close_storage(study)
+
+
+def _pids(trials):
+    return collections.Counter((t.user_attrs.get(OWNER_ATTR) or {}).get("pid") for t in trials)
+
+
+def _compiled(trials):
+    """Fingerprint → how many trials compiled it (not answered from another's record)."""
+    out = collections.Counter()
+    for t in trials:
+        outcome = t.user_attrs.get("outcome") or {}
+        if outcome.get("fingerprint") and not outcome.get("cache_hit"):
+            out[outcome["fingerprint"]] += 1
+    return out
+
+
+def _check_cooperated(trials, workers):
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    by_pid = _pids(trials)
+    for process in workers:
+        assert by_pid[process.pid] >= 2, by_pid  # each worker recorded its own trials
+    compiled = _compiled(trials)
+    assert compiled and max(compiled.values()) == 1, compiled  # never compiled twice
+    # The shared baselines: each was run by one worker only.
+    labels = collections.Counter(t.user_attrs.get("label") for t in trials
+                                 if "outcome" in t.user_attrs)
+    assert labels["replicated"] == 1 and labels["default"] == 1, labels
+
+
+@pytest.mark.slow
+def test_two_workers_on_postgres_share_compiles_and_survive_kill_9(tmp_path):
+    url = fresh_database(postgres_url(), "shardsearch_workers")
+    # Both spellings of the driver share one study: psycopg 3 and psycopg2.
+    spelled = url.replace("postgresql://", "postgresql+psycopg2://", 1)
+    doomed = _worker(tmp_path, spelled, "a", trials=30, seed=1)
+    survivor = _worker(tmp_path, url, "b", trials=10, seed=2)
+    _after_trials(doomed, 3, 30)
+    killed = _kill_mid_trial(doomed, url)
+    out = _finish(survivor)
+    password = make_url(url).password
+    assert password not in out and "***" in out  # the study line names the storage
+    trials = _trials(url)
+    _check_cooperated(trials, [doomed, survivor])
+    # The killed worker's trial was ended by the survivor, at once (same machine).
+    assert trials[killed].state == TrialState.FAIL
+    assert trials[killed].user_attrs["reason"] == "interrupted"
+    survivor_trials = [t for t in trials
+                       if (t.user_attrs.get(OWNER_ATTR) or {}).get("pid") == survivor.pid]
+    assert len(survivor_trials) == 10
+
+
+@pytest.mark.slow
+def test_two_workers_on_sqlite_share_compiles(tmp_path):
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    first = _worker(tmp_path, url, "a", trials=5, seed=1)
+    second = _worker(tmp_path, url, "b", trials=5, seed=2)
+    _finish(first)
+    _finish(second)
+    trials = _trials(url)
+    assert len(trials) == 10
+    _check_cooperated(trials, [first, second])
+
+
+# ---------------------------------------------------------------- the claims alone
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def study(request, tmp_path):
+    """A new study on an SQLite file or on the PostgreSQL server."""
+    url = (f"sqlite:///{tmp_path / 'claims.db'}" if request.param == "sqlite"
+           else fresh_database(postgres_url(), "shardsearch_claims_test"))
+    study = optuna.create_study(storage=url, study_name="claims")
+    yield study
+    close_storage(study)
+
+
+def _dead_owner():
+    """The owner record of a process that ran on this machine and is gone."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return Owner.current().to_json() | {"pid": child.pid, "started": None}
+
+
+def _record(study, trial, fingerprint, value):
+    outcome = Outcome(fingerprint, COMPLETE, value=value)
+    for key, item in outcome_attrs(outcome).items():
+        trial.set_user_attr(key, item)
+    trial.set_user_attr("state_rule", {})
+    trial.set_user_attr("batch_rule", {})
+    study.tell(trial, value)
+
+
+def test_a_claimed_fingerprint_is_reused_and_a_dead_claim_taken_over(study):
+    claims = CompileClaims(study, wait=30.0)
+    assert claims.shared
+    first = study.ask()
+    assert claims.acquire("f00d", first.number) is None  # this trial holds it
+    _record(study, first, "f00d", 0.5)
+    second = study.ask()
+    reused = claims.acquire("f00d", second.number)
+    assert reused is not None and reused.value == 0.5 and reused.fingerprint == "f00d"
+    # A trial whose process died while it held a claim: the next trial takes it over.
+    orphan = study.ask()
+    orphan.set_user_attr(OWNER_ATTR, _dead_owner())
+    assert claims.acquire("beef", orphan.number) is None
+    third = study.ask()
+    third.set_user_attr(OWNER_ATTR, Owner.current().to_json())
+    assert claims.acquire("beef", third.number) is None
+    assert study.get_trials()[orphan.number].state == TrialState.FAIL  # ended, not RUNNING
+
+
+def test_the_last_worker_to_finish_confirms_once(study):
+    early, late = Roster(study), Roster(study)
+    early.join()
+    late.join()
+    assert early.turn() == CONFIRM_LEFT  # the other still searches
+    assert late.turn() == CONFIRMED_HERE
+    # Two that find no one left at the same instant: one confirms.
+    again = [Roster(study), Roster(study)]
+    for roster in again:
+        roster.join()
+    for roster in again:
+        roster._set(-3)  # both done before either looks
+    assert sorted(r.turn() for r in again) == sorted([CONFIRMED_HERE, CONFIRMED_ELSEWHERE])
+
+
+# ---------------------------------------------------------------- the confirmation
+
+
+@pytest.mark.slow
+def test_a_study_is_confirmed_by_its_last_worker_or_by_confirm(tmp_path, mesh24):
+    import shardsearch as ss
+    from shardsearch.cli.main import main
+    from shardsearch.search.export import export_config
+    from shardsearch.search.reconfirm import CONFIRMED_BY_COMMAND, confirm_study
+    from shardsearch.workloads import get_workload
+
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    timing = {"warmup": 1, "repeats": 2}
+    result = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=3, storage=storage,
+                         study_name="measured", confirm_rounds=2, isolate=False, quiet=True,
+                         **timing)
+    assert result.confirmed_by == CONFIRMED_HERE  # alone, it is the last to finish
+    confirmed = confirm_study(storage, "measured", mesh=mesh24, rounds=2, **timing)
+    assert confirmed.confirmed_by == CONFIRMED_BY_COMMAND and confirmed.confirmation
+    study = optuna.load_study(study_name="measured", storage=storage)
+    assert study.user_attrs["result"]["confirmed_by"] == CONFIRMED_BY_COMMAND
+    assert export_config(study)["results"]["confirmed_by"] == CONFIRMED_BY_COMMAND
+    # A static study has nothing to re-time: a usage error.
+    ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=1, storage=storage,
+                study_name="static", objective="static", isolate=False, quiet=True)
+    assert main(["confirm", "--study-name", "static", "--storage", storage]) == 2
