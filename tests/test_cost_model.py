@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import pytest
+from hlo_text import ADD
 
 from shardsearch.cost.breakdown import Breakdown, CollectiveCost
 from shardsearch.cost.chips import HARDWARE, NAMED, hardware_for
@@ -12,14 +13,6 @@ from shardsearch.cost.hlo import COLLECTIVE_KINDS
 from shardsearch.cost.links import Link, LinkFit
 from shardsearch.cost.program import ProgramCost
 from shardsearch.cost.topology import Topology
-
-ADD = """\
-%add (x: f32[], y: f32[]) -> f32[] {
-  %x = f32[] parameter(0)
-  %y = f32[] parameter(1)
-  ROOT %sum = f32[] add(%x, %y)
-}
-"""
 
 TOPO = Topology(("dp", "tp"), (2, 4))
 

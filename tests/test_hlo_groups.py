@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hlo_text import module, only
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -20,29 +21,6 @@ from jax.sharding import PartitionSpec as P
 from shardsearch.cost import hlo
 from shardsearch.cost.hlo import Collective, HloCost, parse_collectives, parse_hlo
 from shardsearch.cost.replica_groups import Groups, _mesh_devices
-
-ADD = """\
-%add (x: f32[], y: f32[]) -> f32[] {
-  %x = f32[] parameter(0)
-  %y = f32[] parameter(1)
-  ROOT %sum = f32[] add(%x, %y)
-}
-"""
-
-
-def module(*lines, header="HloModule m, num_partitions=8", computations=""):
-    """A module whose ENTRY holds parameter %p = f32[8,128] and then `lines`."""
-    body = "\n".join(f"  {line}" for line in lines)
-    text = f"{ADD}\n{computations}\n"
-    text += "ENTRY %main (p: f32[8,128]) -> f32[8,128] {\n"
-    text += f"  %p = f32[8,128]{{1,0}} parameter(0)\n{body}\n}}\n"
-    return f"{header}\n\n{text}" if header else text
-
-
-def only(text):
-    collectives = parse_collectives(text).collectives
-    assert len(collectives) == 1, collectives
-    return collectives[0]
 
 
 def all_reduce(groups):

@@ -6,8 +6,6 @@ abort, its running trial failed as "interrupted", nothing left RUNNING.
 """
 
 import os
-import re
-import select
 import signal
 import subprocess
 import sys
@@ -16,6 +14,7 @@ import time
 import optuna
 import pytest
 from optuna.trial import TrialState
+from progress import after_trials
 
 import shardsearch as ss
 from shardsearch.cli.main import Terminated, handle_signals
@@ -37,27 +36,6 @@ def _start(tmp_path, storage, isolate):
                             stderr=subprocess.PIPE)
 
 
-def _after_trials(process, n, settle, limit=300.0):
-    """Reads the progress bar (stderr) until it shows `n` trials of this run
-    finished, waits `settle` seconds, so that the next trial is under way
-    (it asks, claims and compiles for far longer); returns what was read."""
-    seen, deadline = b"", time.monotonic() + limit
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stderr], [], [], 1.0)
-        if not ready:
-            continue
-        chunk = os.read(process.stderr.fileno(), 1 << 16)
-        if not chunk:
-            break
-        seen += chunk
-        if max((int(k) for k in re.findall(rb"\| *(\d+)/%d " % TRIALS, seen)), default=0) >= n:
-            time.sleep(settle)
-            return seen
-    process.kill()
-    process.communicate()
-    raise AssertionError(f"no {n} finished trials in time; stderr: {seen[-3000:]!r}")
-
-
 def _trials(storage):
     return optuna.load_study(study_name="sig", storage=storage).get_trials()
 
@@ -77,7 +55,7 @@ def test_a_signal_mid_study_exits_cleanly_every_time(sig, code, word, tmp_path):
         # In this process, a compile thread is in XLA when the signal comes (the
         # C++ abort seen before); isolated, the study process waits on its worker.
         process = _start(tmp_path, storage, isolate=run == 2)
-        seen = _after_trials(process, 2, settle=0.05)
+        seen = after_trials(process, 2, TRIALS, settle=0.05)
         process.send_signal(sig)
         _, rest = process.communicate(timeout=300)
         err = (seen + rest).decode(errors="replace")
@@ -100,7 +78,7 @@ def test_kill_9_mid_study_then_resume_loses_nothing(tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     process = _start(tmp_path, storage, isolate=False)
     # Past the moment the trial names its owner (a signal would wait for it; kill -9 cannot).
-    _after_trials(process, 2, settle=0.2)
+    after_trials(process, 2, TRIALS, settle=0.2)
     process.kill()
     process.communicate()  # reaps it: its pid no longer names a process
     before = _trials(storage)

@@ -8,8 +8,6 @@ in this process, where a dead worker is a pid that no longer runs.
 
 import collections
 import os
-import re
-import select
 import signal
 import subprocess
 import sys
@@ -19,6 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from pgserver import fresh_database, postgres_url
+from progress import after_trials
 from sqlalchemy.engine import make_url
 
 from shardsearch.search.claims import (
@@ -47,23 +46,6 @@ def _worker(tmp_path, storage, name, trials, seed):
         [sys.executable, "-m", "shardsearch", *COMMAND, "--storage", storage, "--trials",
          str(trials), "--seed", str(seed), "--out", str(tmp_path / f"{name}.json")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _after_trials(process, n, trials, limit=120.0):
-    """Reads `process`'s progress bar until it shows `n` finished trials."""
-    seen, deadline = b"", time.monotonic() + limit
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stderr], [], [], 1.0)
-        if not ready:
-            continue
-        chunk = os.read(process.stderr.fileno(), 1 << 16)
-        if not chunk:
-            break
-        seen += chunk
-        if max((int(k) for k in re.findall(rb"\| *(\d+)/%d " % trials, seen)), default=0) >= n:
-            return
-    process.kill()
-    raise AssertionError(f"no {n} finished trials in time; stderr: {seen[-2000:]!r}")
 
 
 def _kill_mid_trial(process, url, tries=50):
@@ -135,7 +117,7 @@ def test_two_workers_on_postgres_share_compiles_and_survive_kill_9(tmp_path):
     spelled = url.replace("postgresql://", "postgresql+psycopg2://", 1)
     doomed = _worker(tmp_path, spelled, "a", trials=30, seed=1)
     survivor = _worker(tmp_path, url, "b", trials=10, seed=2)
-    _after_trials(doomed, 3, 30)
+    after_trials(doomed, 3, 30, limit=120.0)
     killed = _kill_mid_trial(doomed, url)
     out = _finish(survivor)
     password = make_url(url).password
