@@ -112,13 +112,6 @@ class Breakdown:
         """The estimate: roofline + communication - hidden."""
         return self.roofline + self.communication - self.hidden
 
-    def by_axes(self) -> dict[tuple[str, ...], float]:
-        """Communication seconds per group of axes, in order of first appearance."""
-        out: dict[tuple[str, ...], float] = {}
-        for c in self.collectives:
-            out[c.axes] = out.get(c.axes, 0.0) + c.seconds
-        return out
-
     def to_json(self) -> dict[str, Any]:
         """The recorded form (trials' user attrs, plan files' results rows)."""
         return {"total": self.total, "compute": self.compute, "memory": self.memory,

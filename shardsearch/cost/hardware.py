@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -324,8 +325,6 @@ class HardwareModel:
 
     def save(self, path: str | os.PathLike[str], **extra: Any) -> None:
         """Writes `to_json()` (plus `extra` top-level fields such as "samples")."""
-        import json
-
         data = self.to_json() | extra
         with open(path, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, allow_nan=False)
@@ -340,20 +339,19 @@ def collective_axes(c: Collective, topology: Topology) -> tuple[str, ...]:
     (`axis_0`, ...) say nothing about the mesh's, so they are not used.
 
     Raises:
-      ValueError: the groups were not printed and their size matches no
-        contiguous run of axes, so the axes are unknown.
+      ValueError: the groups were not printed and do not cover every device,
+        so the axes are unknown.
     """
     if c.group_size <= 1:
         return ()
     if c.groups:
         return topology.axes_spanned(c.groups)
-    axes = topology.axes_by_size(c.group_size)
-    if axes is None:
-        raise ValueError(f"collective {c.name!r} spans {c.group_size} devices but its "
-                         f"groups were not printed and no run of the mesh's axes "
-                         f"{topology.shape} has that "
-                         "size; its axes are unknown")
-    return axes
+    # No groups printed (or "{}"): one group of every device.
+    if c.group_size == topology.num_devices:
+        return topology.axis_names
+    raise ValueError(f"collective {c.name!r} spans {c.group_size} devices but its groups "
+                     f"were not printed and the mesh {topology.shape} has "
+                     f"{topology.num_devices}; its axes are unknown")
 
 
 class _Fields:

@@ -111,19 +111,6 @@ class Topology:
                     varying[i] = varying[i] or a != b
         return tuple(name for name, v in zip(self.axis_names, varying, strict=True) if v)
 
-    def axes_by_size(self, group_size: int) -> tuple[str, ...] | None:
-        """The axes of the one contiguous run of mesh axes whose sizes multiply
-        to `group_size`, for a collective whose groups XLA did not print; None
-        when no run or several do (the caller then says so)."""
-        if group_size == self.num_devices:
-            return self.axis_names
-        found = []
-        for start in range(len(self.axis_names)):
-            for stop in range(start + 1, len(self.axis_names) + 1):
-                if math.prod(self.axis_sizes[start:stop]) == group_size:
-                    found.append(self.axis_names[start:stop])
-        return found[0] if len(found) == 1 else None
-
     def _coords(self, device: int) -> tuple[int, ...]:
         coords = []
         for size in reversed(self.axis_sizes):
