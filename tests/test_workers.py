@@ -133,6 +133,10 @@ def test_two_workers_on_postgres_share_compiles_and_survive_kill_9(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=(
+    "known race, issue 15 open: on SQLite two workers can both take the same enqueued "
+    "baseline trial (Optuna's pop of a WAITING trial is not atomic there), and the second "
+    "tell fails with 'Cannot tell a COMPLETE trial'; seen once in four CI runs"))
 def test_two_workers_on_sqlite_share_compiles(tmp_path):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     first = _worker(tmp_path, url, "a", trials=5, seed=1)
