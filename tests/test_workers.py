@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import optuna
@@ -31,7 +32,7 @@ from shardsearch.search.evaluate import Outcome
 from shardsearch.search.ownership import OWNER_ATTR, Owner
 from shardsearch.search.record import outcome_attrs
 from shardsearch.search.stages import COMPLETE
-from shardsearch.search.storage import close_storage
+from shardsearch.search.storage import close_storage, open_study
 
 STUDY = "workers"
 COMMAND = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--devices", "8",
@@ -133,10 +134,6 @@ def test_two_workers_on_postgres_share_compiles_and_survive_kill_9(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "known race, issue 15 open: on SQLite two workers can both take the same enqueued "
-    "baseline trial (Optuna's pop of a WAITING trial is not atomic there), and the second "
-    "tell fails with 'Cannot tell a COMPLETE trial'; seen once in four CI runs"))
 def test_two_workers_on_sqlite_share_compiles(tmp_path):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     first = _worker(tmp_path, url, "a", trials=5, seed=1)
@@ -146,6 +143,34 @@ def test_two_workers_on_sqlite_share_compiles(tmp_path):
     trials = _trials(url)
     assert len(trials) == 10
     _check_cooperated(trials, [first, second])
+
+
+def test_workers_on_one_sqlite_file_never_take_the_same_queued_trial(tmp_path):
+    # Without serialised transactions, four asking threads took 16 of 40
+    # queued trials twice (each thread has its own engine, as a worker does).
+    url = f"sqlite:///{tmp_path / 'queue.db'}"
+    queued = 40
+    first = open_study(url, "queue")
+    for i in range(queued):
+        first.enqueue_trial({"x": i})
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def ask_all():
+        study = open_study(url, "queue")
+        for _ in range(queued // 4):
+            number = study.ask().number
+            with lock:
+                taken.append(number)
+        close_storage(study)
+
+    threads = [threading.Thread(target=ask_all) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    close_storage(first)
+    assert sorted(taken) == list(range(queued))
 
 
 # ---------------------------------------------------------------- the claims alone

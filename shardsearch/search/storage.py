@@ -55,12 +55,13 @@ def open_study(storage: str | None, study_name: str, sampler: Any = None,
     try:
         for attempt in range(SCHEMA_ATTEMPTS):
             try:
+                opened = _sqlite_file_storage(url) if _is_sqlite_file(url) else url
                 if create:
                     return optuna.create_study(
-                        storage=url, study_name=study_name, sampler=sampler, pruner=pruner,
-                        direction="minimize", load_if_exists=True)
-                return optuna.load_study(storage=url, study_name=study_name, sampler=sampler,
-                                         pruner=pruner)
+                        storage=opened, study_name=study_name, sampler=sampler,
+                        pruner=pruner, direction="minimize", load_if_exists=True)
+                return optuna.load_study(storage=opened, study_name=study_name,
+                                         sampler=sampler, pruner=pruner)
             except Exception as err:
                 if attempt + 1 == SCHEMA_ATTEMPTS or not _lost_schema_race(err):
                     raise
@@ -78,6 +79,47 @@ def open_study(storage: str | None, study_name: str, sampler: Any = None,
         raise ValueError(
             f"cannot open storage {redact_url(url)!r}: {type(err).__name__}: "
             f"{hide_secrets(str(err) + cause, url)}; {_storage_hint(url, err)}") from None
+
+
+# Seconds an SQLite transaction waits for another process's to end before
+# "database is locked"; Optuna's transactions take milliseconds.
+SQLITE_LOCK_WAIT = 60.0
+
+
+def _is_sqlite_file(url: Any) -> bool:
+    return isinstance(url, str) and url.startswith("sqlite") and is_resumable(url)
+
+
+def _sqlite_file_storage(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna storage on an SQLite file whose transactions are serialised.
+
+    Python's sqlite3 starts a transaction only at the first write, so a read
+    and the write that depends on it are not one atomic step: two workers
+    both read a queued (WAITING) trial, both set it RUNNING, and both run it
+    (the second `tell` then fails with "Cannot tell a COMPLETE trial").
+    Opening every transaction with BEGIN IMMEDIATE takes the file's write
+    lock before the read, so the second worker waits and then sees the trial
+    taken. SQLite serialises writers anyway; this makes the reads that
+    decide a write wait with them.
+    """
+    from sqlalchemy import event
+
+    storage = optuna.storages.RDBStorage(
+        url, engine_kwargs={"connect_args": {"timeout": SQLITE_LOCK_WAIT}})
+    engine = storage.engine
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
+        # SQLAlchemy's begin event below opens the transactions instead.
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    # Connections opened while Optuna created its tables lack the hooks.
+    engine.dispose()
+    return storage
 
 
 # Workers started together on a new database all create Optuna's tables at
