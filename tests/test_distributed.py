@@ -18,6 +18,7 @@ import pytest
 import shardsearch as ss
 from shardsearch.cli.launch import free_port, process_command, worst
 from shardsearch.cli.main import main
+from shardsearch.cli.supervise import supervise
 from shardsearch.search.distributed import (
     PROCESS_TIMES_ATTR,
     Distributed,
@@ -182,11 +183,11 @@ def test_a_killed_process_stops_the_other_and_the_study_resumes(tmp_path, victim
             assert "error: process 1 " in err or "error in process 0: process 1 " in err, \
                 err[-3000:]
         else:
-            # Process 0 hosts JAX's coordination service: JAX itself ends the
-            # others at once (SIGABRT), with its own message.
-            # (Its message is lost when the process was catching a candidate's
-            # stderr at that moment.)
-            assert survivor.returncode != 0, err[-3000:]
+            # Process 0 hosted JAX's coordination service: JAX aborts the
+            # other's search at once; the command outside it says so.
+            assert survivor.returncode == 1, err[-3000:]
+            assert "shardsearch optimize: error: JAX's runtime aborted this process" in err, \
+                err[-3000:]
         assert took < 90
         procs[victim].communicate()
     finally:
@@ -213,3 +214,24 @@ def test_a_killed_process_stops_the_other_and_the_study_resumes(tmp_path, victim
     assert {n: o for n, o in before.items()} == {
         t.number: t.user_attrs["outcome"] for t in after if t.number in before}
     assert len([t for t in after if "outcome" in t.user_attrs]) >= len(before) + 1
+
+
+# ---------------------------------------------------------------- the command outside the search
+
+
+def test_the_command_outside_passes_exit_codes_through_and_names_a_signal(capsys):
+    assert supervise([sys.executable, "-c", "raise SystemExit(3)"], "p") == 3
+    # JAX's runtime aborts a process whose coordinator (process 0) is gone.
+    assert supervise([sys.executable, "-c", "import os; os.abort()"], "p") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("p: error: JAX's runtime aborted this process (SIGABRT)")
+    assert "restart every process" in err and err.count("\n") == 1
+
+
+def test_the_command_outside_passes_a_stop_signal_on_once(capsys):
+    # The child asks its parent (this test) to stop; the parent must not die
+    # of it, must pass it on, and reports the child's end as that signal's.
+    child = ("import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); "
+             "time.sleep(60)")
+    assert supervise([sys.executable, "-c", child], "p") == 128 + signal.SIGTERM
+    assert "p: stopped by SIGTERM (the search ended on SIGTERM" in capsys.readouterr().err

@@ -108,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        # What was asked, as given: a command may rerun itself in a child (`supervise`).
+        args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as done:  # --help, --version and usage errors end here
         return int(done.code or 0)
     if args.command is None:
@@ -140,11 +142,12 @@ def main_entry() -> None:
     """The console script `shardsearch`: `main()`, then exit with its code.
 
     While a thread of ours is still inside XLA (a compile that an interrupt,
-    or its timeout, left running), the process leaves with `os._exit` once
-    the output is flushed: Python's shutdown would stop that thread when it
-    comes back from C++, and the runtime then aborts ("terminate called after
-    throwing ... FATAL: exception not rethrown", exit 134) instead of exiting
-    with our code. Everything worth keeping was committed (the study) or
+    or its timeout, left running), or when one of several JAX processes ends
+    with an error, the process leaves with `os._exit` once the output is
+    flushed: Python's shutdown would stop such a thread when it comes back
+    from C++ (or wait at JAX's shutdown barrier for peers that left), and
+    the runtime then aborts ("terminate called after throwing ...", exit
+    134) instead of exiting with our code. Everything worth keeping was committed (the study) or
     written (files) before; only exit handlers are skipped.
     """
     try:
@@ -154,10 +157,19 @@ def main_entry() -> None:
         # The reader (`| head`) left; what it did not read is not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0
-    if _threads_in_flight():
+    if _threads_in_flight() or (code != 0 and _still_joined()):
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def _still_joined() -> bool:
+    # One of several JAX processes leaving on an error or an interrupt: JAX's
+    # exit handler would wait at its shutdown barrier for peers that already
+    # left (they were told, `search.distributed.announce_exit`), then abort.
+    # A clean end passed that barrier in `optimize` already.
+    module = sys.modules.get("jax._src.distributed")
+    return module is not None and getattr(module.global_state, "client", None) is not None
 
 
 def _threads_in_flight() -> bool:

@@ -31,12 +31,16 @@ from .args import (
     workload,
 )
 from .render import axes, axes_of, results_table
+from .supervise import run_supervised, supervised
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", required=True, metavar="NAME",
-                   help="a built-in workload (gpt:small, llama:tiny, mlp:tiny, ...) or a "
-                        "factory 'package.module:function' returning a Workload")
+                   help="a built-in workload (gpt:small, llama:tiny, mlp:tiny, ...), a "
+                        "shape of your own as llama:custom:SHAPE.json or gpt:custom:SHAPE.json "
+                        "(a JSON object of layers, d_model, heads, d_ff, vocab, seq, batch, ...; "
+                        "see the README), or a factory 'package.module:function' returning a "
+                        "Workload")
     p.add_argument("--mesh", required=True, metavar="AXES",
                    help="mesh axes as name=size pairs, e.g. dp=2,tp=4 (one size may be -1: "
                         "the remaining devices)")
@@ -129,6 +133,10 @@ def run(a: argparse.Namespace) -> int:
     if several and a.isolate:
         raise UsageError("--isolate is not available across processes (a worker cannot join "
                          "the mesh); drop it")
+    if several and not supervised():
+        # JAX aborts a process whose coordinator died; from outside it, that
+        # still ends with our exit code and message (`cli.supervise`).
+        return run_supervised(a.argv, "shardsearch optimize")
     if a.isolate is not False and not several:
         # On GPUs a study process that preallocates leaves its worker little memory.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

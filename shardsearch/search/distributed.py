@@ -35,8 +35,9 @@ does not finish within `execute_timeout` ends the run the same way: no
 process can leave a collective alone. A process leaving on an error says so
 in the store (`announce_exit`), and the others stop at once. When process 0
 dies, JAX's own runtime ends the others at once (its coordination service
-lived there; SIGABRT, with JAX's message), before any of this. The study stays consistent either
-way: the leader's running trial is failed as interrupted, now or by the next
+lived there; SIGABRT, with JAX's message), before any of this; the command
+line turns that into exit code 1 from outside (`cli.supervise`). The study
+stays consistent either way: the leader's running trial is failed as interrupted, now or by the next
 run (`search.ownership`), so restarting every process resumes it.
 
 What a single-process search does that this one does not: candidates are
