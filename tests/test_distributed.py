@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -214,6 +215,49 @@ def test_a_killed_process_stops_the_other_and_the_study_resumes(tmp_path, victim
     assert {n: o for n, o in before.items()} == {
         t.number: t.user_attrs["outcome"] for t in after if t.number in before}
     assert len([t for t in after if "outcome" in t.user_attrs]) >= len(before) + 1
+
+
+def test_a_step_failing_in_one_process_fails_the_candidate_and_ends_the_run(tmp_path):
+    # Process 1's finiteness check fails after the warm-up of the 2nd candidate
+    # (`tests/stepfail.py`), while process 0 is already inside the next step's
+    # collectives: process 0 cannot leave them, so the run ends, but at once
+    # (not after --execute-timeout), and the candidate is recorded as failed.
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+
+    def start(i, port, fail_from, trials):
+        env = _env() | {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                       os.environ.get("PYTHONPATH", "")]),
+                        "SHARDSEARCH_TEST_FAIL_FROM": fail_from}
+        search = [a if a != "gpt:tiny" else "stepfail:failing_in_process_1" for a in SEARCH]
+        return subprocess.Popen(
+            [sys.executable, "-m", "shardsearch", *search, "--trials", str(trials),
+             "--confirm-rounds", "0", "--storage", storage, "--study", "fail",
+             "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+             "--process-id", str(i), "--devices", "4", "--lockstep-timeout", "60",
+             "--execute-timeout", "600"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+
+    port = free_port()
+    procs = [start(i, port, "4", 4) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], outs
+    assert "process 1 failed while running the step (non-finite loss: injected" in outs[0][1]
+    trials = _study(storage, "fail").get_trials(deepcopy=False)
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(failed) == 1, [(t.number, t.state) for t in trials]
+    outcome = failed[0].user_attrs["outcome"]
+    assert outcome["status"] == FAILED
+    assert outcome["reason"].startswith("process 1: non-finite loss: injected")
+
+    # Restarted without the fault: the failed candidate is not run again.
+    port = free_port()
+    procs = [start(i, port, "", 2) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    after = _study(storage, "fail").get_trials(deepcopy=False)
+    runs = [t for t in after if t.user_attrs.get("outcome", {}).get("fingerprint")
+            == outcome["fingerprint"] and not t.user_attrs["outcome"].get("cache_hit")]
+    assert [t.number for t in runs] == [failed[0].number]
 
 
 # ---------------------------------------------------------------- the command outside the search

@@ -31,7 +31,7 @@ from .args import (
     workload,
 )
 from .render import axes, axes_of, results_table
-from .supervise import run_supervised, supervised
+from .supervise import die_with_supervisor, run_supervised, supervised
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,6 +137,8 @@ def run(a: argparse.Namespace) -> int:
         # JAX aborts a process whose coordinator died; from outside it, that
         # still ends with our exit code and message (`cli.supervise`).
         return run_supervised(a.argv, "shardsearch optimize")
+    if several:
+        die_with_supervisor()
     if a.isolate is not False and not several:
         # On GPUs a study process that preallocates leaves its worker little memory.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

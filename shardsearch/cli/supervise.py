@@ -15,8 +15,9 @@ runs the search in a child process and stays outside, waiting:
   child runs in its own process group, so Ctrl-C in a terminal reaches it
   only through here, and only once); a child asked to stop that then dies
   of a signal gives 128 + the signal asked for, as a shell reports it;
-- if this process is killed, Linux kills the child too (`PR_SET_PDEATHSIG`),
-  so no search outlives the command that started it.
+- if this process is killed, Linux kills the child too: the child asks for
+  it first thing (`die_with_supervisor`, `PR_SET_PDEATHSIG`), so no search
+  outlives the command that started it.
 
 Example:
   >>> run_supervised(["optimize", "--num-processes", "2", ...], "shardsearch optimize")
@@ -32,7 +33,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-# Set in the child's environment: it runs the search itself.
+# Set in the child's environment to the supervising process's id: the child
+# runs the search itself.
 SUPERVISED_ENV = "SHARDSEARCH_SUPERVISED"
 
 _PR_SET_PDEATHSIG = 1
@@ -40,12 +42,23 @@ _PR_SET_PDEATHSIG = 1
 
 def supervised() -> bool:
     """Whether this process is the child of `run_supervised`."""
-    return os.environ.get(SUPERVISED_ENV) == "1"
+    return bool(os.environ.get(SUPERVISED_ENV))
+
+
+def die_with_supervisor() -> None:
+    """In the child: be killed when the supervising process dies (Linux),
+    and leave at once if it died already."""
+    parent = int(os.environ.get(SUPERVISED_ENV) or 0)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent and os.getppid() != parent:
+        os._exit(1)
 
 
 def run_supervised(argv: Sequence[str], prog: str) -> int:
     """Runs `python -m shardsearch ARGV` as a child (`supervise`)."""
-    env = dict(os.environ, **{SUPERVISED_ENV: "1"})
+    env = dict(os.environ, **{SUPERVISED_ENV: str(os.getpid())})
     return supervise([sys.executable, "-m", "shardsearch", *argv], prog, env)
 
 
@@ -65,8 +78,8 @@ def supervise(command: Sequence[str], prog: str, env: dict[str, str] | None = No
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        children.append(subprocess.Popen(list(command), env=env, process_group=0,
-                                         preexec_fn=_die_with_parent))
+        # No preexec_fn: it would make Python fork with JAX's threads running.
+        children.append(subprocess.Popen(list(command), env=env, process_group=0))
         for signum in forwarded:
             children[0].send_signal(signum)
         code = children[0].wait()
@@ -102,10 +115,3 @@ def _name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
-
-
-def _die_with_parent() -> None:
-    # In the child, before exec: Linux sends it SIGKILL when this process dies.
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

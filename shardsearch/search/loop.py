@@ -32,6 +32,7 @@ from .context import baseline_candidates, make_context, make_space
 from .evaluate import EXECUTE_TIMEOUT, Context, Outcome
 from .finish import finish
 from .identity import bind_study, identity_of
+from .lockstep import Lockstep
 from .objectives import Objective
 from .ownership import (
     BaselineClaims,
@@ -192,7 +193,7 @@ def optimize(
         dcn_axes=dcn_axes)
     if lockstep is not None:
         # Process 0 runs the search; the others run its jobs until it ends.
-        ctx.isolation = _distributed.Lockstep(ctx, lockstep)
+        ctx.isolation = Lockstep(ctx, lockstep)
         if not ctx.isolation.leader:
             with ctx:
                 ctx.isolation.follow(ctx)
@@ -352,7 +353,15 @@ class _Runner:
                 # From the study, not this process's records: a resumed study and
                 # the other processes sharing it count too.
                 self.ctx.estimates = recorded_estimates(self.study.get_trials(deepcopy=False))
-            outcome = _evaluate.evaluate(specs, fp, self.ctx, report)
+            lockstep = self.ctx.isolation if isinstance(self.ctx.isolation, Lockstep) else None
+            if lockstep is not None:
+                # Recorded from the watchdog if the processes end stuck in this candidate.
+                lockstep.abandon = lambda failed: self.record(trial, candidate, failed, start)
+            try:
+                outcome = _evaluate.evaluate(specs, fp, self.ctx, report)
+            finally:
+                if lockstep is not None:
+                    lockstep.abandon = None
             self.cache[fp] = outcome
         if specs is not None:
             self.specs.setdefault(fp, specs)
@@ -369,7 +378,7 @@ class _Runner:
             trial.set_user_attr(key, value)
         trial.set_user_attr("state_rule", record.state_rule)
         trial.set_user_attr("batch_rule", record.batch_rule)
-        if isinstance(self.ctx.isolation, _distributed.Lockstep):  # each process's times
+        if isinstance(self.ctx.isolation, Lockstep):  # each process's times
             for key, value in self.ctx.isolation.trial_attrs(outcome).items():
                 trial.set_user_attr(key, value)
         if outcome.status == COMPLETE:
