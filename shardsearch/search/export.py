@@ -158,8 +158,10 @@ def _name(record: TrialRecord) -> str:
 
 def _builtin_workload(name: str, where: str) -> Any:
     from ..workloads import get_workload, list_workloads
+    from ..workloads._custom import is_custom_name
 
-    if name not in list_workloads():
+    # A custom shape's name spells the whole shape: rebuilding it imports nothing.
+    if name not in list_workloads() and not is_custom_name(name):
         raise ValueError(
             f"{where} ran on workload factory {name!r}; pass that workload explicitly "
             f"(--workload {name}) to resolve the specs — a stored study never makes "

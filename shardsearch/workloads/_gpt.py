@@ -29,7 +29,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _layers, _train, _workload
+from . import _activations, _layers, _precision, _train, _workload
 from ._params import Param
 
 
@@ -49,6 +49,11 @@ class GPTConfig:
         remat: recompute blocks in the backward pass.
         learning_rate: Adam step size.
         abstract_only: refuse `init()` (real-size presets).
+        compute_dtype: "float32" (the default) or "bfloat16": parameters
+            stay float32 and are cast inside the step (mixed precision, as
+            Megatron-LM trains).
+        activation_sharding: pins the activations' batch dim to mesh axes
+            (`_activations.ActivationSharding`); None: XLA decides.
     """
 
     batch: int
@@ -62,11 +67,14 @@ class GPTConfig:
     remat: bool = False
     learning_rate: float = 1e-3
     abstract_only: bool = False
+    compute_dtype: str = "float32"
+    activation_sharding: _activations.ActivationSharding | None = None
 
     def __post_init__(self):
         _workload.check_positive(
             "GPTConfig", batch=self.batch, seq=self.seq, vocab=self.vocab,
             d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_ff=self.d_ff)
+        _precision.check_compute_dtype("GPTConfig", self.compute_dtype)
         _workload.check_divides("GPTConfig", "d_model", self.d_model, "n_heads", self.n_heads)
 
     @property
@@ -128,6 +136,7 @@ def flops_per_step(cfg: GPTConfig) -> float:
 
 
 def _block(cfg: GPTConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]:
+    x = _activations.constrain(cfg.activation_sharding, x)
     b, s, _ = x.shape
     h, dh = cfg.n_heads, cfg.head_dim
     a = p["attn"]
@@ -135,7 +144,11 @@ def _block(cfg: GPTConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]
     q = (y @ a["wq"]).reshape(b, s, h, dh)
     k = (y @ a["wk"]).reshape(b, s, h, dh)
     v = (y @ a["wv"]).reshape(b, s, h, dh)
-    x = x + _layers.causal_attention(q, k, v).reshape(b, s, h * dh) @ a["wo"]
+    out = _layers.causal_attention(q, k, v)
+    if x.dtype != jnp.float32:
+        # The softmax runs in float32; its output goes back to the compute dtype.
+        out = out.astype(x.dtype)
+    x = x + out.reshape(b, s, h * dh) @ a["wo"]
     y = _layers.layer_norm(x, p["ln2"])
     y = jax.nn.gelu(y @ p["mlp"]["w_up"]) @ p["mlp"]["w_down"]
     return x + y, jnp.zeros((), jnp.float32)
@@ -143,9 +156,11 @@ def _block(cfg: GPTConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]
 
 def loss_fn(cfg: GPTConfig, params: dict, batch: dict) -> tuple[jax.Array, dict]:
     """Next-token cross-entropy of `batch = {"tokens", "targets"}`."""
+    params = _precision.cast_params(params, cfg.compute_dtype)
     tokens = batch["tokens"]
     x = jnp.take(params["embed"]["tokens"], tokens, axis=0)
     x = x + params["embed"]["positions"][None, : tokens.shape[1]]
+    x = _activations.constrain(cfg.activation_sharding, x)
     x, _ = _layers.run_layers(lambda h, p: _block(cfg, h, p), x, params["layers"],
                               stacked=cfg.stacked, remat=cfg.remat)
     x = _layers.layer_norm(x, params["ln_f"])

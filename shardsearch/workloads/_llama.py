@@ -25,7 +25,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from . import _layers, _train, _workload
+from . import _activations, _layers, _precision, _train, _workload
 from ._params import Param
 
 
@@ -37,7 +37,7 @@ class LlamaConfig:
         batch: global batch (sequences per step).
         seq: tokens per sequence.
         vocab: vocabulary size.
-        d_model: model width; divisible by `n_heads`.
+        d_model: model width; divisible by `n_heads` (unless `explicit_head_dim`).
         n_layers: number of blocks.
         n_heads: query heads; divisible by `n_kv_heads`.
         n_kv_heads: key/value heads (grouped-query attention).
@@ -47,6 +47,14 @@ class LlamaConfig:
         remat: recompute blocks in the backward pass.
         learning_rate: Adam step size.
         abstract_only: refuse `init()` (real-size presets).
+        explicit_head_dim: width of one head when it is not `d_model //
+            n_heads` (MaxText uses 128 whatever the width: d_model 4096 with
+            64 heads gives queries 8192 wide); None: `d_model // n_heads`.
+        compute_dtype: "float32" (the default) or "bfloat16": the parameters
+            stay float32 (as do the Adam moments and the update) and are cast
+            to this dtype inside the step, as mixed-precision training does.
+        activation_sharding: pins the activations' batch dim to mesh axes
+            (`_activations.ActivationSharding`); None: XLA decides.
     """
 
     batch: int
@@ -62,6 +70,9 @@ class LlamaConfig:
     remat: bool = False
     learning_rate: float = 1e-3
     abstract_only: bool = False
+    explicit_head_dim: int | None = None
+    compute_dtype: str = "float32"
+    activation_sharding: _activations.ActivationSharding | None = None
 
     def __post_init__(self):
         owner = type(self).__name__
@@ -69,13 +80,19 @@ class LlamaConfig:
             owner, batch=self.batch, seq=self.seq, vocab=self.vocab, d_model=self.d_model,
             n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
             d_ff=self.d_ff)
-        _workload.check_divides(owner, "d_model", self.d_model, "n_heads", self.n_heads)
+        if self.explicit_head_dim is None:
+            _workload.check_divides(owner, "d_model", self.d_model, "n_heads", self.n_heads)
+        else:
+            _workload.check_positive(owner, explicit_head_dim=self.explicit_head_dim)
+        _precision.check_compute_dtype(owner, self.compute_dtype)
         _workload.check_divides(owner, "n_heads", self.n_heads, "n_kv_heads", self.n_kv_heads)
         # Rotary embeddings rotate pairs of the head dim.
         _workload.check_divides(owner, "head_dim", self.head_dim, "2", 2)
 
     @property
     def head_dim(self) -> int:
+        if self.explicit_head_dim is not None:
+            return self.explicit_head_dim
         return self.d_model // self.n_heads
 
 
@@ -97,8 +114,15 @@ def attention(cfg: LlamaConfig, x: jax.Array, p: dict) -> jax.Array:
     h, kv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q = _layers.rotary((x @ p["wq"]).reshape(b, s, h, dh), cfg.rope_theta)
     k = _layers.rotary((x @ p["wk"]).reshape(b, s, kv, dh), cfg.rope_theta)
+    if x.dtype != jnp.float32:
+        # The rotary tables are float32 and would promote q and k back to it.
+        q, k = q.astype(x.dtype), k.astype(x.dtype)
     v = (x @ p["wv"]).reshape(b, s, kv, dh)
-    return _layers.causal_attention(q, k, v).reshape(b, s, h * dh) @ p["wo"]
+    out = _layers.causal_attention(q, k, v)
+    if x.dtype != jnp.float32:
+        # The softmax runs in float32; its output goes back to the compute dtype.
+        out = out.astype(x.dtype)
+    return out.reshape(b, s, h * dh) @ p["wo"]
 
 
 def attention_flops(cfg: LlamaConfig, tokens: int) -> float:
@@ -161,6 +185,7 @@ def flops_per_step(cfg: LlamaConfig) -> float:
 
 
 def _block(cfg: LlamaConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]:
+    x = _activations.constrain(cfg.activation_sharding, x)
     x = x + attention(cfg, _layers.rms_norm(x, p["ln1"]), p["attn"])
     m = p["mlp"]
     y = _layers.rms_norm(x, p["ln2"])
@@ -175,7 +200,8 @@ def logits(cfg: LlamaConfig, params: dict, tokens: jax.Array,
     `block(cfg, x, layer) -> (x, aux)` is swappable: the moe workload passes
     its own block and reuses everything else.
     """
-    x = jnp.take(params["embed"]["tokens"], tokens, axis=0)
+    x = _activations.constrain(cfg.activation_sharding,
+                               jnp.take(params["embed"]["tokens"], tokens, axis=0))
     x, aux = _layers.run_layers(lambda h, p: block(cfg, h, p), x, params["layers"],
                                 stacked=cfg.stacked, remat=cfg.remat)
     return _layers.rms_norm(x, params["ln_f"]) @ params["head"], aux
@@ -183,6 +209,7 @@ def logits(cfg: LlamaConfig, params: dict, tokens: jax.Array,
 
 def loss_fn(cfg: LlamaConfig, params: dict, batch: dict) -> tuple[jax.Array, dict]:
     """Next-token cross-entropy of `batch = {"tokens", "targets"}`."""
+    params = _precision.cast_params(params, cfg.compute_dtype)
     out, _ = logits(cfg, params, batch["tokens"])
     return _train.cross_entropy(out, batch["targets"]), {}
 

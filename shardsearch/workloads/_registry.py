@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from . import _gpt, _llama, _mlp, _moe
+from . import _custom, _gpt, _llama, _mlp, _moe
 from ._workload import Workload
 
 DEFAULT_SIZE = "small"
@@ -61,11 +61,15 @@ def list_workloads() -> list[str]:
     return [f"{model}:{size}" for model, (_, sizes) in _PRESETS.items() for size in sizes]
 
 
-def get_workload(name: str) -> Workload:
+def get_workload(name: str, **shape: Any) -> Workload:
     """Returns a built-in workload or the one a user factory makes.
 
     Built-ins are "model:size" (e.g. "gpt:small", "llama:7b"; "gpt" alone
-    means "gpt:small"); `list_workloads()` names them all.
+    means "gpt:small"); `list_workloads()` names them all. "llama:custom"
+    and "gpt:custom" take their shape as keyword arguments (`shape`), from a
+    JSON file ("llama:custom:shape.json") or as the JSON object itself
+    ('llama:custom:{"layers":32,...}', the name such a workload is given);
+    see `workloads._custom`.
 
     Anything else of the form "package.module:function" is a user factory:
     the module is imported and `function` (a dotted attribute path is
@@ -80,6 +84,9 @@ def get_workload(name: str) -> Workload:
 
     Args:
         name: "model[:size]" or "package.module:function".
+        shape: for "llama:custom" / "gpt:custom" only: layers, d_model,
+            heads, d_ff, vocab, seq, batch, and optionally kv_heads,
+            head_dim (llama), compute_dtype and activation_sharding.
 
     Returns:
         The workload.
@@ -87,18 +94,28 @@ def get_workload(name: str) -> Workload:
     Raises:
         ValueError: unknown built-in model or size, a factory module /
             function that cannot be imported or found, or a factory (or its
-            module, while imported) that called `sys.exit`. Anything else a
-            factory raises reaches the caller as raised.
+            module, while imported) that called `sys.exit`, sizes given to
+            another workload than a custom one, or a custom shape that is
+            malformed (`_custom.custom_workload` names the key). Anything
+            else a factory raises reaches the caller as raised.
         TypeError: `name` is not a str, the factory is not callable, or it
             returned something other than a `Workload`.
 
     Example:
         >>> get_workload("gpt:tiny").name
         'gpt:tiny'
+        >>> get_workload("llama:custom", layers=32, d_model=4096, heads=64, head_dim=128,
+        ...              d_ff=28672, vocab=32000, seq=2048, batch=1536).n_params
+        15831666688
     """
     if not isinstance(name, str):
         raise TypeError(f"workload name must be a str like 'gpt:small', got {name!r}")
     model, sep, size = name.partition(":")
+    if model in _custom.KEYS and size.partition(":")[0] == _custom.CUSTOM:
+        return _custom.from_name(model, size[len(_custom.CUSTOM):], shape)
+    if shape:
+        raise ValueError(f"workload {name!r} takes no sizes (got {', '.join(shape)}); only "
+                         f"'llama:{_custom.CUSTOM}' and 'gpt:{_custom.CUSTOM}' do")
     if model in _PRESETS:
         builder, sizes = _PRESETS[model]
         size = size if sep else DEFAULT_SIZE
