@@ -16,6 +16,9 @@ names (`suite`, `runner`, `report`, and the search's) are private.
   `baseline_candidates`, `make_sampler`, `resolve`, `evaluate`, and the
   interleaved re-timing `retime` with `Timing`, `median_ci`, `faster_than`
   and `compare_outputs`.
+- Published runs (`bench.published`): `Published` (a measured run's chips,
+  throughput, FLOP count and plan), `published_step_seconds`, `step_flops`,
+  `estimate_published` (the static estimate of the published plan).
 - Cost models a study compares (`benchmarks/fidelity`): `HARDWARE` (the
   built-in models by name), `Topology` (a mesh's axes, for
   `HardwareModel.breakdown`) and `get_objective` (an objective by name).
@@ -45,6 +48,10 @@ from ..search.evaluate import evaluate as evaluate
 from ..search.evaluate import resolve as resolve
 from ..search.objectives import get_objective as get_objective
 from ..search.storage import make_sampler as make_sampler
+from .published import Published as Published
+from .published import estimate_published as estimate_published
+from .published import published_step_seconds as published_step_seconds
+from .published import step_flops as step_flops
 from .report import entry_line as entry_line
 from .report import format_speedup as format_speedup
 from .report import load_entries as load_entries
@@ -56,6 +63,7 @@ from .runner import SuiteRun as SuiteRun
 from .runner import resolve_budget as resolve_budget
 from .runner import run_entry as run_entry
 from .runner import run_suite as run_suite
+from .suite import PUBLISHED as PUBLISHED
 from .suite import QUARTER as QUARTER
 from .suite import Entry as Entry
 from .suite import Suite as Suite
@@ -67,8 +75,10 @@ from .suite import suite_names as suite_names
 
 __all__ = [
     "HARDWARE",
+    "PUBLISHED",
     "QUARTER",
     "Entry",
+    "Published",
     "Suite",
     "SuiteRun",
     "Timing",
@@ -77,6 +87,7 @@ __all__ = [
     "builtin_suites",
     "compare_outputs",
     "entry_line",
+    "estimate_published",
     "evaluate",
     "faster_than",
     "find_suite",
@@ -89,6 +100,7 @@ __all__ = [
     "make_sampler",
     "median_ci",
     "prepare_devices",
+    "published_step_seconds",
     "resolve",
     "resolve_budget",
     "retime",
@@ -96,6 +108,7 @@ __all__ = [
     "run_suite",
     "speedup",
     "speedups",
+    "step_flops",
     "suite_names",
     "write_report",
 ]

@@ -19,6 +19,7 @@ from ..base.units import format_bytes as _bytes
 from ..search import confirm as _confirm
 from ..search.objectives import is_estimate
 from ..search.stages import Stage
+from . import published_report as _published
 
 MATPLOTLIB_MISSING = ("plots skipped: matplotlib is not installed (pip install "
                       "'shardsearch[bench]' or pip install matplotlib)")
@@ -161,7 +162,9 @@ def write_report(suite: Any, folder: Path) -> list[str]:
     (folder / "results.md").write_text(markdown(suite, records, machine), encoding="utf-8")
     if not records:
         return []
-    return plot_speedups(suite.name, records, folder / "speedups.png")
+    notes = (_published.plot(records, folder / "published.png")
+             if _published.has_published(records) else [])
+    return notes + plot_speedups(suite.name, records, folder / "speedups.png")
 
 
 def _read(path: Path) -> Any:
@@ -216,7 +219,13 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
     if static:
         lines += ["- Entries with objective `static` show XLA-based estimates, not "
                   "measurements: no CI and no verdict."]
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if _published.has_published(records):
+        # Entries compared with published runs: that comparison first, then the table.
+        head, table, rest = text.partition("| entry | workload |")
+        text = (f"{head}{_published.markdown(records, _commands(records, machine))}"
+                f"## Every plan the search compared\n\n{table}{rest}")
+    return text
 
 
 def _commands(records: Sequence[Mapping[str, Any]], machine: Mapping[str, Any]) -> str:
@@ -348,7 +357,8 @@ def format_speedup(s: Mapping[str, Any]) -> str:
 def _budget(budget: Mapping[str, Any]) -> str:
     if budget["bytes"] is None:
         return "none"
-    return _bytes(budget["bytes"]) + (" (quarter)" if budget["spec"] == "quarter" else "")
+    return _bytes(budget["bytes"]) + (f" ({budget['spec']})" if budget["spec"] in (
+        "quarter", "published") else "")
 
 
 def _memory(plan: Mapping[str, Any]) -> str:

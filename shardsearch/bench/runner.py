@@ -52,8 +52,9 @@ from ..search.record import TrialRecord
 from ..search.stages import COMPLETE, CUT, FAILED, Stage
 from ..search.storage import open_study
 from ..workloads import expert_plans, get_workload
+from . import published as _published
 from . import report as _report
-from .suite import QUARTER, Entry, Suite
+from .suite import PUBLISHED, QUARTER, Entry, Suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +130,14 @@ def run_suite(
     return SuiteRun(folder, tuple(finished), tuple(skipped), failed, tuple(notes))
 
 
-def resolve_budget(entry: Entry, workload: Any, mesh: Any) -> dict[str, Any]:
+def resolve_budget(entry: Entry, workload: Any, mesh: Any, *,
+                   published: Mapping[str, Any] | None = None,
+                   hardware: Any = None) -> dict[str, Any]:
     """The entry's budget in bytes (`"bytes"`, None for none) and how it was set.
+
+    "published" is the larger of `hardware`'s memory and the published plan's
+    XLA total per device (`published`: `published.estimate_published`'s
+    record): a plan needing no more than the one that ran on the chip.
 
     "quarter" is a quarter of the replicated plan's XLA total per device
     (arguments + outputs + temporaries - aliased), the figure the search's
@@ -148,6 +155,12 @@ def resolve_budget(entry: Entry, workload: Any, mesh: Any) -> dict[str, Any]:
         compiled, _seconds = _evaluate.compile_step(replicated, ctx)
         out["replicated_total"] = XlaMemory.from_compiled(compiled).total
         out["bytes"] = out["replicated_total"] // 4
+    elif entry.budget == PUBLISHED:
+        chip = getattr(hardware, "memory_bytes", None)
+        need = ((published or {}).get("memory_per_device") or {}).get("total")
+        out.update(chip_bytes=chip, published_total=need)
+        known = [x for x in (chip, need) if x is not None]
+        out["bytes"] = max(known) if known else None
     elif entry.budget is not None:
         out["bytes"] = parse_bytes(entry.budget)
     return out
@@ -170,10 +183,16 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     workload = get_workload(entry.workload_name)
     dims, names = _mesh.parse_mesh(entry.mesh)
     mesh = _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])
-    budget = resolve_budget(entry, workload, mesh)
     repeats = repeats or suite.repeats
     n_trials = trials or entry.trials
-    hardware = HARDWARE[suite.hardware] if suite.hardware else None
+    chip = entry.hardware or suite.hardware
+    hardware = HARDWARE[chip] if chip else None
+    published = None
+    if entry.published is not None:
+        log(f"  published run: estimating its plan {entry.published.plan!r} without a budget")
+        published = _published.estimate_published(workload, mesh, entry.published, hardware,
+                                                   entry.dcn_axes)
+    budget = resolve_budget(entry, workload, mesh, published=published, hardware=hardware)
     storage = f"sqlite:///{(folder / 'studies.db').resolve()}"
     # A study searched another space is another study: the rules-only entries
     # recorded before logical axes existed keep their own.
@@ -186,13 +205,13 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         timeout=entry.timeout, memory_budget=budget["bytes"], objective=entry.objective,
         storage=storage, study_name=study_name, seed=entry.seed, warmup=suite.warmup,
         repeats=repeats, confirm_rounds=rounds or suite.rounds,
-        hardware=hardware, quiet=quiet, space=entry.space)
+        hardware=hardware, quiet=quiet, space=entry.space, dcn_axes=entry.dcn_axes)
     wall = time.perf_counter() - start
     log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
         f"{wall:.0f} s; comparing the plans")
     ctx, _ = make_context(workload, None, mesh, memory_budget=budget["bytes"],
                           objective=entry.objective, seed=entry.seed, warmup=suite.warmup,
-                          repeats=repeats, hardware=hardware)
+                          repeats=repeats, hardware=hardware, dcn_axes=entry.dcn_axes)
     known = {r.outcome.fingerprint: r.outcome for r in result.trials
              if r.outcome.fingerprint and not r.outcome.cache_hit}
     win_fp = _evaluate.fingerprint(result.best_specs)
@@ -233,10 +252,13 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     cut_seconds = sum(r.seconds for r in cut)
     for plan in plans:
         plan.pop("specs"), plan.pop("context", None)
-    return {
+    extra = {}
+    if published is not None:
+        extra["published"] = _published.compare(entry, published, result, known)
+    return extra | {
         "schema": 1,
         "suite": suite.name,
-        "entry": dataclasses.asdict(entry),
+        "entry": entry.to_json(),
         "workload": entry.workload_name,
         "mesh": _mesh.axis_sizes(mesh),
         "objective": entry.objective,

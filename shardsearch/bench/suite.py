@@ -30,6 +30,8 @@ from ..base.units import parse_bytes
 from ..cost.chips import HARDWARE
 from ..search.logical_block import SPACES
 from ..search.objectives import OBJECTIVES
+from ..workloads._custom import CUSTOM, custom_workload
+from .published import Published
 
 # The shipped suites: `<name>.json` files in this package's `suites` folder.
 BUILTIN_SUITES = "suites"
@@ -37,8 +39,15 @@ PLATFORMS = ("cpu", "gpu", "tpu")
 # A quarter of what the replicated plan needs per device (`runner.resolve_budget`):
 # plain data parallelism does not fit, so the plan must shard the parameters.
 QUARTER = "quarter"
+# For an entry with a `published` run: the chip's memory, or what the published
+# plan needs here (XLA's figures for CPU devices) when that is more; the plan
+# ran on the chip, so CPU figures above the chip's memory overstate the chip's.
+PUBLISHED = "published"
 _ENTRY_KEYS = ("id", "workload", "size", "mesh", "trials", "timeout", "budget", "objective",
-               "seed", "space")
+               "seed", "space", "spec", "hardware", "dcn_axes", "published")
+# Fields entries of the first suites never had: recorded only when set, so
+# those suites' entry files keep their form.
+OPTIONAL_KEYS = ("spec", "hardware", "dcn_axes", "published")
 _SUITE_KEYS = ("schema", "suite", "description", "platform", "devices", "simulated", "hardware",
                "timing", "entries")
 _TIMING_KEYS = ("warmup", "repeats", "rounds")
@@ -55,10 +64,19 @@ class Entry:
       trials: trials of the search, baselines included (None: until `timeout`).
       timeout: seconds of search (None: until `trials`); per run of the entry.
       budget: per-device bytes, a size such as "16GiB", "quarter" (a quarter of
-        the replicated plan's XLA total per device, `runner.resolve_budget`), or None.
+        the replicated plan's XLA total per device, `runner.resolve_budget`),
+        "published" (the chip's memory, or the published plan's XLA total here
+        when larger; entries with `published` only), or None.
       objective: "measured" or "static".
       seed: the sampler's and the workload's seed.
       space: the search space, "rules", "logical" or "both" (`optimize(space=...)`).
+      spec: for size "custom" only: the shape, `(key, value)` pairs of
+        `workloads.get_workload("llama:custom", **sizes)` (a JSON object in the file).
+      hardware: the static objective's model for this entry, a key of
+        `HARDWARE`; None: the suite's `hardware`.
+      dcn_axes: mesh axes that cross hosts (`optimize(dcn_axes=...)`).
+      published: a measured run to compare with (`bench.published.Published`);
+        None for an ordinary entry.
 
     Example: `Entry("gpt-dp2-tp4", "gpt", "small", "dp=2,tp=4", trials=40)`.
     """
@@ -73,6 +91,10 @@ class Entry:
     objective: str = "measured"
     seed: int = 0
     space: str = "both"
+    spec: tuple[tuple[str, Any], ...] | None = None
+    hardware: str | None = None
+    dcn_axes: tuple[str, ...] = ()
+    published: Published | None = None
 
     def __post_init__(self) -> None:
         for name in ("id", "workload", "size", "mesh"):
@@ -95,17 +117,51 @@ class Entry:
             raise ValueError(f"timeout must be positive seconds, got {self.timeout!r}")
         if self.trials is None and self.timeout is None:
             raise ValueError("give trials or timeout (or both): the search needs a limit")
-        if self.budget is not None and self.budget != QUARTER:
+        if self.budget is not None and self.budget not in (QUARTER, PUBLISHED):
             parse_bytes(self.budget)
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective {self.objective!r}; choose one of {tuple(OBJECTIVES)}")
         if self.space not in SPACES:
             raise ValueError(f"space {self.space!r}; choose one of {SPACES}")
+        if (self.spec is not None) != (self.size == CUSTOM):
+            raise ValueError(f"size {self.size!r} with spec {self.spec!r}: give a spec (the "
+                             f"shape's sizes) exactly when the size is {CUSTOM!r}")
+        if self.spec is not None:
+            spec = dict(self.spec)
+            object.__setattr__(self, "spec", tuple(spec.items()))
+            custom_workload(self.workload, spec, "spec")  # checks it; builds no arrays
+        if self.hardware is not None and self.hardware not in HARDWARE:
+            raise ValueError(f"hardware {self.hardware!r}; choose one of {tuple(HARDWARE)} "
+                             "or leave it out for the suite's")
+        object.__setattr__(self, "dcn_axes", tuple(self.dcn_axes))
+        names = _mesh.parse_mesh(self.mesh)[1]
+        stray = [a for a in self.dcn_axes if a not in names]
+        if stray:
+            raise ValueError(f"dcn_axes names {stray[0]!r}, not an axis of mesh {self.mesh!r}")
+        if self.published is not None and not isinstance(self.published, Published):
+            object.__setattr__(self, "published", Published.from_json(self.published))
+        if self.budget == PUBLISHED and self.published is None:
+            raise ValueError(f"budget {PUBLISHED!r} needs a 'published' run to take the plan "
+                             "from; give one, or another budget")
 
     @property
     def workload_name(self) -> str:
-        """The name `get_workload` takes, e.g. "gpt:small"."""
+        """The name `get_workload` takes, e.g. "gpt:small" (for a custom shape,
+        the name that spells it: 'llama:custom:{"layers":32,...}')."""
+        if self.spec is not None:
+            return custom_workload(self.workload, dict(self.spec)).name
         return f"{self.workload}:{self.size}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as its file gives it; the optional fields only when set."""
+        out = dataclasses.asdict(self)
+        out["spec"] = dict(self.spec) if self.spec is not None else None
+        out["dcn_axes"] = list(self.dcn_axes)
+        out["published"] = self.published.to_json() if self.published else None
+        for key in OPTIONAL_KEYS:
+            if not out[key]:
+                del out[key]
+        return out
 
     @property
     def devices(self) -> int:

@@ -88,6 +88,23 @@ NAMED: dict[str, HardwareModel] = {
         overlap=OVERLAPPED,
         about=(("source", "NVIDIA H200 datasheet; JAX scaling book (gpus.md); "
                 "MLCommons system descriptions"),)),
+    "tpu-v4": HardwareModel(
+        "tpu-v4 (32 GiB HBM, 3D torus ICI)",
+        # bf16 peak 2.75e14 FLOP/s (Cloud TPU v4 docs); f32 matmuls as one bf16
+        # pass at XLA's default precision, as for v5e below.
+        flops_per_second={"bf16": 2.75e14, "f32": 2.75e14},
+        memory_bandwidth=1.2e12,  # 1200 GB/s HBM2 (Cloud TPU v4 docs)
+        memory_bytes=32 * GiB,  # 32 GiB HBM per chip (Cloud TPU v4 docs)
+        # 6 ICI links in a 3D torus, ~4.5e10 B/s one way per link (JAX scaling
+        # book, "TPUs"). Slices made of whole 4x4x4 cubes wrap every axis (the
+        # scaling book); the published v4 rows are such slices. ~1 us per hop.
+        ici=Link(bandwidth=4.5e10, latency=1e-6, torus=True, wraparound_from=0),
+        # No source we have gives v4's data-centre bandwidth per chip: an
+        # assumption, v5p's 50 Gb/s per chip (~6.25e9 B/s). Only meshes that
+        # name dcn_axes use it; the published v4 rows run inside one slice.
+        dcn=Link(bandwidth=6.25e9, latency=_DCN_LATENCY),
+        overlap=OVERLAPPED,
+        about=(("source", "Cloud TPU v4 docs; JAX scaling book (tpus.md)"),)),
 }
 
 # Order-of-magnitude figures for one device of each platform, one link for
