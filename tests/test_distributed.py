@@ -140,16 +140,18 @@ def test_two_processes_search_one_mesh(tmp_path):
     assert json.loads(plan.read_text())["mesh"]
 
 
-def _start(i, port, storage, trials, tmp_path):
-    # mlp:tiny: the quickest to compile; what is tested is the processes' fate.
-    search = [a if a != "gpt:tiny" else "mlp:tiny" for a in SEARCH]
+def _start(i, port, storage, trials, tmp_path, workload="mlp:tiny", study="kill",
+           options=("--lockstep-timeout", "5"), env=None):
+    # mlp:tiny by default: the quickest to compile; what is tested is the
+    # processes' fate.
+    search = [a if a != "gpt:tiny" else workload for a in SEARCH]
     return subprocess.Popen(
         [sys.executable, "-m", "shardsearch", *search, "--trials", str(trials),
-         "--confirm-rounds", "0", "--storage", storage, "--study", "kill",
+         "--confirm-rounds", "0", "--storage", storage, "--study", study,
          "--out", str(tmp_path / "plan.json"), "--coordinator", f"127.0.0.1:{port}",
-         "--num-processes", "2", "--process-id", str(i), "--devices", "4",
-         "--lockstep-timeout", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
+         "--num-processes", "2", "--process-id", str(i), "--devices", "4", *options],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=env or _env())
 
 
 def _finished(storage):
@@ -231,14 +233,8 @@ def test_a_step_failing_in_one_process_fails_the_candidate_and_ends_the_run(tmp_
         env = _env() | {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
                                                        os.environ.get("PYTHONPATH", "")]),
                         "SHARDSEARCH_TEST_FAIL_FROM": fail_from}
-        search = [a if a != "gpt:tiny" else "stepfail:failing_in_process_1" for a in SEARCH]
-        return subprocess.Popen(
-            [sys.executable, "-m", "shardsearch", *search, "--trials", str(trials),
-             "--confirm-rounds", "0", "--storage", storage, "--study", "fail",
-             "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-             "--process-id", str(i), "--devices", "4", "--lockstep-timeout", "60",
-             "--execute-timeout", "600"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        return _start(i, port, storage, trials, tmp_path, "stepfail:failing_in_process_1",
+                      "fail", ("--lockstep-timeout", "60", "--execute-timeout", "600"), env)
 
     port = free_port()
     procs = [start(i, port, "4", 4) for i in range(2)]

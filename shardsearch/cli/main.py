@@ -147,8 +147,9 @@ def main_entry() -> None:
     flushed: Python's shutdown would stop such a thread when it comes back
     from C++ (or wait at JAX's shutdown barrier for peers that left), and
     the runtime then aborts ("terminate called after throwing ...", exit
-    134) instead of exiting with our code. Everything worth keeping was committed (the study) or
-    written (files) before; only exit handlers are skipped.
+    134) instead of exiting with our code. Everything worth keeping was
+    committed (the study) or written (files) before; only exit handlers are
+    skipped.
     """
     try:
         code = main()

@@ -66,23 +66,23 @@ def supervise(command: Sequence[str], prog: str, env: dict[str, str] | None = No
     """Runs `command` as a child and returns its exit code, or, when a
     signal ended it, 1 with a line on stderr naming the signal (128 + the
     signal when this process was asked to stop and passed it on)."""
-    children: list[subprocess.Popen[bytes]] = []
+    child: subprocess.Popen[bytes] | None = None
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
         # Before the child exists, the signal is kept and passed on at its start.
         if signum not in forwarded:
             forwarded.append(signum)
-            if children and children[0].poll() is None:
-                children[0].send_signal(signum)
+            if child is not None and child.poll() is None:
+                child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         # No preexec_fn: it would make Python fork with JAX's threads running.
-        children.append(subprocess.Popen(list(command), env=env, process_group=0))
+        child = subprocess.Popen(list(command), env=env, process_group=0)
         for signum in forwarded:
-            children[0].send_signal(signum)
-        code = children[0].wait()
+            child.send_signal(signum)
+        code = child.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)

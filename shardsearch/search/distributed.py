@@ -211,7 +211,7 @@ def announce_exit(reason: str) -> None:
         return
     with contextlib.suppress(Exception):
         runtime_client().key_value_set_bytes(f"{EXIT_KEY}/{jax.process_index()}",
-                                      reason.encode()[:2000], allow_overwrite=True)
+                                             reason.encode()[:2000], allow_overwrite=True)
 
 
 def runtime_client() -> Any:

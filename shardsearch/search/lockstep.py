@@ -87,7 +87,7 @@ class Lockstep:
         # Process 0's search sets it around each candidate it evaluates: how to
         # record that candidate's failure if this process ends stuck in it.
         self.abandon: Callable[[Outcome], None] | None = None
-        self._barrier, self._k, self._echo, self._stepping = 0, 0, False, False
+        self._barrier, self._echo, self._stepping = 0, False, False
         self._evaluating: tuple[str, dict[str, int]] | None = None
         self._own_failure: str | None = None  # this process's step failed, this job
         self.watch = Watchdog(self.client, self.prefix, self.index, self.count,
@@ -275,8 +275,8 @@ class Lockstep:
         """Runs one job here: `(kind, value, error line or None, own)`, where
         `own` is False when it failed only because another process did."""
         kind = job[0]
-        self._barrier, self._k, self._echo, self._own_failure = 0, k, False, None
-        self.watch.job = k
+        self._barrier, self._echo, self._own_failure = 0, False, None
+        self.watch.job = k  # the job the watchdog and the ready keys look at
         saved = ctx.isolation, ctx.progress
         ctx.isolation, ctx.progress = None, self._progress
         try:
@@ -339,7 +339,7 @@ class Lockstep:
             for q in range(self.count):
                 if q == self.index:
                     continue
-                ok, reason = self._get(f"job/{self._k}/ready/{b}/{q}", deadline, q,
+                ok, reason = self._get(f"job/{self.watch.job}/ready/{b}/{q}", deadline, q,
                                        "finish compiling")
                 if not ok:
                     self._echo = True
@@ -352,7 +352,7 @@ class Lockstep:
     def _publish_ready(self, ok: bool, reason: str) -> None:
         b = self._barrier
         self._barrier += 1
-        self._put(f"job/{self._k}/ready/{b}/{self.index}", (ok, reason))
+        self._put(f"job/{self.watch.job}/ready/{b}/{self.index}", (ok, reason))
 
     # ----------------------------------------------------------- the store
 
@@ -390,10 +390,10 @@ class Lockstep:
         return (f"{who} cannot be reached ({line[:200]}); it died or its machine is "
                 "unreachable, so the search stops (restart every process to resume it)")
 
-    def _stuck(self, reason: str, failed: int) -> None:
+    def _stuck(self, reason: str) -> None:
         """The watchdog's hook before this process ends stuck in a step:
-        process 0 records the candidate as failed by the process named."""
-        del failed
+        process 0 records the candidate as failed, with `reason` naming the
+        process that failed."""
         evaluating, abandon = self._evaluating, self.abandon
         if self.leader and evaluating is not None and abandon is not None:
             fp, memory = evaluating

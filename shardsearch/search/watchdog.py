@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .distributed import EXIT_KEY
+from .distributed import EXIT_KEY, announce_exit
 
 # How often each process beats and looks at the others.
 BEAT_SECONDS = 1.0
@@ -69,9 +69,9 @@ class Watchdog:
         self.running_since: float | None = None
         self.lost: str | None = None
         self.noticed = False
-        # Called in this thread, with the reason and the failed process, just
-        # before a stuck process ends (process 0 records the candidate there).
-        self.on_stuck: Callable[[str, int], None] | None = None
+        # Called in this thread with the reason ("process 1: ...") just before
+        # a stuck process ends (process 0 records the candidate there).
+        self.on_stuck: Callable[[str], None] | None = None
         self._stop = threading.Event()
         # The last words must reach the terminal even while a candidate's
         # stderr is being caught (`logs.capture_stderr`).
@@ -112,7 +112,7 @@ class Watchdog:
                         "recorded as failed)")
                 if self.on_stuck is not None:
                     with contextlib.suppress(Exception):  # the exit must happen
-                        self.on_stuck(f"process {q}: {note}", q)
+                        self.on_stuck(f"process {q}: {note}")
             elif lost is None and running is not None and now - running > self.execute_timeout:
                 lost = (f"no step finished within {self.execute_timeout:g} s in process "
                         f"{self.index}: the processes are stuck in a collective (a peer "
@@ -170,9 +170,7 @@ class Watchdog:
                     return
                 time.sleep(0.1)
         # The others stop at once rather than after their timeout.
-        with contextlib.suppress(Exception):
-            self.client.key_value_set_bytes(f"{EXIT_KEY}/{self.index}",
-                                            message.encode()[:2000], allow_overwrite=True)
+        announce_exit(message)
         os.write(self._stderr, f"shardsearch: error in process {self.index}: {message}\n"
                  .encode())
         os._exit(1)
