@@ -282,6 +282,13 @@ CLI_CASES = [
     ("suite-unknown-name", ["bench", "--suite", "nope"], 2, "unknown suite 'nope'"),
     ("suite-dir", ["bench", "--suite", "x", "--suites-dir", "{d}/nowhere"], 2,
      "no such folder"),
+    # start plans
+    ("start-from-missing", ["optimize", *MLP, "--start-from", "{d}/missing.json"], 2,
+     "missing.json': cannot read it"),
+    ("start-from-not-a-plan", ["optimize", *MLP, "--start-from", "{d}/list.json"], 2,
+     "list.json: expected a JSON object"),
+    ("bench-start-from-folder", ["bench", "--suite", "cpu-sim8", "--start-from",
+                                 "{d}/nowhere"], 2, "no such folder"),
     # devices
     ("devices-huge", ["optimize", *MLP, "--devices", "100000"], 2, "at most 4096"),
     ("devices-zero", ["optimize", *MLP, "--devices", "0"], 2, "must be at least 1"),

@@ -81,6 +81,7 @@ def run_suite(
     quiet: bool = True,
     command: str = "",
     log: Callable[[str], None] = lambda line: None,
+    start_from: str | Path | None = None,
 ) -> SuiteRun:
     """Runs the suite's entries that have no result yet, then rewrites the report.
 
@@ -97,7 +98,15 @@ def run_suite(
       quiet: no progress bar during searches.
       command: the command line, recorded in machine.json.
       log: called with one line per step.
+      start_from: a folder of plan files, `<start_from>/<suite>/<id>.json`
+        (another run's `rules_dir`): an entry with one evaluates it beside
+        the baselines (`optimize(start_from=...)`), so its winner is never
+        worse than that plan in this run's search. Entries without one run
+        as usual.
     """
+    if start_from is not None and not Path(start_from).is_dir():
+        raise ValueError(f"start plans: {start_from} is not a folder; give a folder of "
+                         "<suite>/<entry>.json plan files (another run's rules folder)")
     selected = suite.select(entries)
     folder = Path(out) / suite.name
     (folder / "entries").mkdir(parents=True, exist_ok=True)
@@ -116,7 +125,8 @@ def run_suite(
         try:
             record = run_entry(suite, entry, folder, Path(rules_dir), trials=trials,
                                repeats=repeats, rounds=rounds, quiet=quiet, log=log,
-                               previous=_report._read(target))
+                               previous=_report._read(target),
+                               start_from=None if start_from is None else Path(start_from))
         except (RuntimeError, ValueError) as err:  # this entry's, not the suite's
             failed[entry.id] = f"{type(err).__name__}: {err}"
             log(f"{tag}: FAILED: {failed[entry.id]}")
@@ -170,13 +180,17 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
               trials: int | None = None, repeats: int | None = None,
               rounds: int | None = None, quiet: bool = True,
               log: Callable[[str], None] = lambda line: None,
-              previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              previous: Mapping[str, Any] | None = None,
+              start_from: Path | None = None) -> dict[str, Any]:
     """Searches one entry, compares every plan in one interleaved run, exports
     the winner; returns the entry's record (what `entries/<id>.json` holds).
 
     `previous` is the entry's record from an earlier run (`--force`): the cost
     of the searches recorded there is kept under `search.earlier_runs`, since
-    a rerun over a finished study runs no trial and could not tell it."""
+    a rerun over a finished study runs no trial and could not tell it.
+
+    `start_from`: a folder; `<start_from>/<suite>/<id>.json`, where it exists,
+    is evaluated beside the baselines (`run_suite`)."""
     # Each entry starts without the executables the previous ones left in
     # JAX's caches: a suite would otherwise grow to tens of GB in one process.
     jax.clear_caches()
@@ -199,13 +213,21 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     study_name = f"bench/{suite.name}/{entry.id}" + (
         "" if entry.space == "rules" else f"/{entry.space}")
     before = _finished_trials(storage, study_name)
+    start_plan = None if start_from is None else start_from / suite.name / f"{entry.id}.json"
+    if start_plan is not None:
+        if start_plan.is_file():
+            log(f"  starting from {start_plan} (label plan:{entry.id})")
+        else:
+            log(f"  no start plan {start_plan}: the search starts from the baselines only")
+            start_plan = None
     start = time.perf_counter()
     result = optimize(
         workload, mesh=mesh, n_trials=max((n_trials or 10**6) - before, 0),
         timeout=entry.timeout, memory_budget=budget["bytes"], objective=entry.objective,
         storage=storage, study_name=study_name, seed=entry.seed, warmup=suite.warmup,
         repeats=repeats, confirm_rounds=rounds or suite.rounds,
-        hardware=hardware, quiet=quiet, space=entry.space, dcn_axes=entry.dcn_axes)
+        hardware=hardware, quiet=quiet, space=entry.space, dcn_axes=entry.dcn_axes,
+        start_from=[start_plan] if start_plan is not None else [])
     wall = time.perf_counter() - start
     log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
         f"{wall:.0f} s; comparing the plans")
@@ -289,6 +311,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
             "max_relative_error": result.max_relative_error,
         },
         "rule_file": str(rule_file),
+        "start_plan": None if start_plan is None else str(start_plan),
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 

@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", default="rules", metavar="DIR",
                    help="winners are exported to DIR/<suite>/<entry>.json, relative to the "
                         "current folder (default rules)")
+    p.add_argument("--start-from", metavar="DIR",
+                   help="evaluate DIR/<suite>/<entry>.json (another run's --rules folder) "
+                        "beside each entry's baselines, where it exists: the winner is then "
+                        "never worse than that plan in the search")
     p.add_argument("--entries", metavar="ID,ID",
                    help="run only these entries (default all; see --list)")
     p.add_argument("--devices", type=device_count, metavar="N",
@@ -64,6 +68,10 @@ def run(a: argparse.Namespace) -> int:
         where = "" if Path(a.suites_dir).is_absolute() else f" (in {Path.cwd()})"
         raise UsageError(f"--suites-dir {a.suites_dir}{where}: no such folder; give a folder "
                          "of <name>.json suite files")
+    if a.start_from is not None and not Path(a.start_from).is_dir():
+        where = "" if Path(a.start_from).is_absolute() else f" (in {Path.cwd()})"
+        raise UsageError(f"--start-from {a.start_from}{where}: no such folder; give a folder "
+                         "of <suite>/<entry>.json plan files (another run's --rules folder)")
     suite = usage(load_suite, a.suite, a.suites_dir)
     ids = [i.strip() for i in a.entries.split(",") if i.strip()] if a.entries else None
     selected = usage(suite.select, ids)
@@ -81,7 +89,8 @@ def run(a: argparse.Namespace) -> int:
           f"entries, results in {Path(a.out) / suite.name}", flush=True)
     done = run_suite(suite, out=a.out, rules_dir=a.rules, entries=ids, force=a.force,
                      trials=a.trials, repeats=a.repeats, rounds=a.rounds, quiet=a.quiet,
-                     command=command, log=lambda line: print(line, flush=True))
+                     command=command, log=lambda line: print(line, flush=True),
+                     start_from=a.start_from)
     for note in done.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"wrote {done.folder / 'results.md'}: {len(done.finished)} entries run, "
@@ -100,8 +109,8 @@ def command_line(a: argparse.Namespace) -> str:
     import shlex
 
     parts = ["shardsearch", "bench", "--suite", a.suite]
-    for flag in ("suites_dir", "out", "rules", "entries", "devices", "trials", "repeats",
-                 "rounds"):
+    for flag in ("suites_dir", "out", "rules", "start_from", "entries", "devices", "trials",
+                 "repeats", "rounds"):
         value = getattr(a, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", str(value)]

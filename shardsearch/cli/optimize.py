@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rules: the seed rules (auto, memory); logical: one assignment of the "
                         "step's logical axes (heads, mlp, ...) to mesh axes; both: the search "
                         "picks the family per trial (default)")
+    p.add_argument("--start-from", action="append", default=[], metavar="PLAN",
+                   help="a plan file to evaluate beside the baselines, labelled "
+                        "plan:<file name> (an earlier winner, another space's, a smaller "
+                        "model's); repeat for several")
     add_storage(p)
     p.add_argument("--study", type=study_name, metavar="NAME",
                    help="study name (default from workload, mesh, objective and shapes); the "
@@ -209,7 +213,8 @@ def search(a: argparse.Namespace, several: bool) -> int:
             compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet,
             space=a.space, isolate=False if several else a.isolate,
             execute_timeout=a.execute_timeout, verbose=a.verbose, hardware=hardware,
-            dcn_axes=a.dcn_axes, **({"distributed": distributed} if several else {}))
+            dcn_axes=a.dcn_axes, start_from=a.start_from,
+            **({"distributed": distributed} if several else {}))
     except ValueError as err:  # optimize checks its inputs before any trial
         raise UsageError(str(err)) from None
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: main says what is kept

@@ -265,6 +265,33 @@ def load_rule(path: str | os.PathLike[str],
     return ShardingPlan.from_config(data, mesh, where).rule
 
 
+def load_rules(path: str | os.PathLike[str],
+               mesh: _mesh.AnyMesh | None = None) -> tuple[ShardingRule, ShardingRule]:
+    """The state and batch rules of a plan file or a logical-axis-rules file.
+
+    What a search needs to start from a file, whichever form `shardsearch
+    export` wrote it in.
+
+    Raises:
+      OSError: the file cannot be read.
+      ValueError: naming the file, as `load_plan`; also a logical-axis-rules
+        file without the batch's logical names.
+    """
+    from ..rules.logical import FORMAT, rule_from_logical_axis_rules
+
+    where = str(path)
+    data = read_json(path, where, invalid=_INVALID)
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        state_rule, batch_rule, _ = rule_from_logical_axis_rules(data, mesh, where)
+        if batch_rule is None:
+            raise ValueError(
+                f"{where}: this {FORMAT} file names no batch leaves, so it gives no batch "
+                "rule; give the plan file instead (`shardsearch export`'s default format)")
+        return state_rule, batch_rule
+    plan = ShardingPlan.from_config(data, mesh, where)
+    return plan.rule, plan.batch_rule
+
+
 def _check_axes(recorded: tuple[tuple[str, int], ...], mesh: _mesh.AnyMesh, where: str) -> None:
     want = tuple(a for a, _ in recorded)
     got = tuple(mesh.axis_names)

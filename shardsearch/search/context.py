@@ -8,8 +8,10 @@ so benchmarks and studies can evaluate hand-picked candidates the same way.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -21,6 +23,7 @@ from ..base import tree as _tree
 from ..base.units import parse_bytes
 from ..cost.hardware import HardwareModel
 from ..logical.axes import LogicalAxes
+from ..plan.reader import load_rules
 from ..rules.auto import AutoShardingRule
 from ..rules.base import ShardingRule
 from ..rules.batch import BatchShardingRule
@@ -98,6 +101,51 @@ def baseline_plans(
         except ValueError as err:
             skipped[LOGICAL_MEGATRON] = str(err)
     return out, skipped
+
+
+# A start plan's label: this prefix, then its file's name without ".json".
+START_PREFIX = "plan:"
+
+
+def start_candidates(paths: Sequence[str | os.PathLike[str]], mesh: Any
+                     ) -> dict[str, Candidate]:
+    """Plan files (`shardsearch export`, `optimize --out`) as candidates to start from.
+
+    Each file's state and batch rules (`plan.reader.load_rules`: a plan file,
+    or a logical-axis-rules file with the batch's names), bound to `mesh`
+    (same axis names; sizes may differ), labelled `plan:<file name without
+    .json>`. A search evaluates them beside the baselines, so its answer is
+    never worse than the best of them: a plan found earlier, by another space,
+    or on a smaller model of the same architecture.
+
+    Raises:
+      ValueError: naming the file: it cannot be read, is not a plan file (or a
+        logical-axis-rules file without the batch's names), was found on a
+        mesh with other axis names, or two files give one label.
+
+    Example:
+      >>> start_candidates(["rules/cpu-sim8/gpt-small-dp8.json"], mesh).keys()
+      dict_keys(['plan:gpt-small-dp8'])
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]  # one file, not its characters
+    out: dict[str, Candidate] = {}
+    for path in paths:
+        name = Path(path).name.removesuffix(".json")
+        label = START_PREFIX + name
+        if label in out:
+            raise ValueError(
+                f"start plan {str(path)!r}: a second file named {name!r} (labels come from "
+                "file names); rename one of them")
+        try:
+            state_rule, batch_rule = load_rules(path, mesh)
+        except OSError as err:
+            raise ValueError(f"start plan {str(path)!r}: cannot read it "
+                             f"({err.strerror or err}); give an existing plan file") from None
+        except ValueError as err:
+            raise ValueError(f"start plan: {err}") from None
+        out[label] = Candidate(state_rule, batch_rule, label)
+    return out
 
 
 # The expert plans that need no names: they apply to any step.

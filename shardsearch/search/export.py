@@ -25,6 +25,7 @@ from ..base import mesh as _mesh
 from ..plan.writer import plan_config, versions
 from ..rules.base import rule_from_config
 from .confirm import median_ci
+from .context import START_PREFIX
 from .evaluate import Outcome
 from .identity import check_workload
 from .objectives import OBJECTIVES
@@ -188,8 +189,10 @@ def _results(chosen: TrialRecord, records: list[TrialRecord],
         if earlier is None or (_interrupted(earlier) and record.outcome.reason != INTERRUPTED):
             rows[record.label] = _row(record, confirmation, objective)
     winner = _row(chosen, confirmation, objective)
+    # A start plan (`optimize(start_from=...)`) is an earlier answer, not an expert's.
     experts = {k: v["median_seconds"] for k, v in rows.items()
-               if k not in NOT_EXPERT and v["median_seconds"] is not None}
+               if k not in NOT_EXPERT and not k.startswith(START_PREFIX)
+               and v["median_seconds"] is not None}
     best_expert = min(experts, key=lambda k: (experts[k], k)) if experts else None
     replicated = rows.get("replicated", {}).get("median_seconds")
     for row in (winner, *rows.values()):

@@ -28,7 +28,7 @@ from . import distributed as _distributed
 from . import evaluate as _evaluate
 from .candidate import Candidate
 from .claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
-from .context import baseline_candidates, make_context, make_space
+from .context import baseline_candidates, make_context, make_space, start_candidates
 from .evaluate import EXECUTE_TIMEOUT, Context, Outcome
 from .finish import finish
 from .identity import bind_study, identity_of
@@ -79,6 +79,7 @@ def optimize(
     study_name: str | None = None,
     seed: int = 0,
     warm_start: bool = True,
+    start_from: Sequence[str | Path] = (),
     extra_rules: Mapping[str, ShardingRule] | None = None,
     warmup: int = 2,
     repeats: int = 7,
@@ -121,6 +122,11 @@ def optimize(
       seed: seeds the sampler (and the workload's init).
       warm_start: evaluate replicated, the default rule and the expert plans
         first, so the answer is never worse than the best of them.
+      start_from: plan files (`shardsearch export`, `optimize --out`) to
+        evaluate right after replicated (with or without `warm_start`),
+        labelled `plan:<file name>`: a winner found earlier, by another
+        space, or on a smaller model of the same architecture. They count
+        toward `n_trials`; a resumed study skips those it has.
       extra_rules: named user rules the search may switch on.
       warmup, repeats: untimed and timed steps per measured candidate.
       confirm_rounds: interleaved re-timing rounds at the end (0 to skip).
@@ -166,8 +172,9 @@ def optimize(
       multi-process search.
 
     Raises:
-      ValueError: an unusable mesh, arguments the step cannot be traced with,
-        a budget below the smallest possible per-device footprint, a bad
+      ValueError: an unusable mesh, a start plan that cannot be read or was
+        found on a mesh with other axis names, arguments the step cannot be
+        traced with, a budget below the smallest possible per-device footprint, a bad
         objective, a step whose outputs hold NaN or Inf under the replicated
         plan, a storage that cannot be opened, or a study that searched
         another workload (a raw step: other argument leaves), mesh, objective
@@ -186,6 +193,7 @@ def optimize(
     lockstep = _distributed.settings(distributed, isolate)
     if lockstep is not None:
         isolate = False
+    starts = start_candidates(start_from, mesh)  # a bad file fails before anything runs
     ctx, workload = make_context(
         step, args, mesh, memory_budget=memory_budget, objective=objective, seed=seed,
         warmup=warmup, repeats=repeats, compile_timeout=compile_timeout, hardware=hardware,
@@ -244,6 +252,10 @@ def optimize(
         runner = _Runner(study, ctx, space, quiet)
         baselines = (baseline_candidates(workload, mesh, abstract_args, space.logical)
                      if warm_start else {})
+        # Start plans right after replicated (the reference): asked for by name,
+        # they run even when the trials end before the expert plans do.
+        first = dict(list(baselines.items())[:1])
+        baselines = first | starts | baselines
         # The workers sharing the study: the last one to finish confirms.
         roster = Roster(study) if scorer.confirms and confirm_rounds else None
         try:
