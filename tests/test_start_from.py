@@ -125,7 +125,7 @@ def test_the_command_line_starts_from_a_plan(mesh24, tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     plan = _write_plan(tmp_path / "mine.json", mesh24)
     argv = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--objective",
-            "static", "--trials", "8", "--confirm-rounds", "0", "--quiet", "--no-compile-cache",
+            "static", "--trials", "3", "--confirm-rounds", "0", "--quiet", "--no-compile-cache",
             "--storage", _storage(tmp_path), "--start-from", str(plan), "--out", "out.json"]
     assert _cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -139,7 +139,7 @@ def test_bench_starts_each_entry_from_its_plan_in_the_folder(mesh24, tmp_path, c
     suite = {"schema": 1, "suite": "tiny", "platform": "cpu", "devices": 8, "simulated": True,
              "timing": {"warmup": 1, "repeats": 2, "rounds": 2},
              "entries": [{"id": f"e{i}", "workload": "mlp", "size": "tiny", "mesh": "dp=2,tp=4",
-                          "trials": 7, "objective": "static"} for i in (1, 2)]}
+                          "trials": 2, "objective": "static"} for i in (1, 2)]}
     (tmp_path / "tiny.json").write_text(json.dumps(suite))
     (tmp_path / "earlier" / "tiny").mkdir(parents=True)
     _write_plan(tmp_path / "earlier" / "tiny" / "e1.json", mesh24)
