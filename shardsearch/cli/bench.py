@@ -64,14 +64,9 @@ def run(a: argparse.Namespace) -> int:
     from ..bench.runner import run_suite
     from ..bench.suite import load_suite, prepare_devices
 
-    if a.suites_dir is not None and not Path(a.suites_dir).is_dir():
-        where = "" if Path(a.suites_dir).is_absolute() else f" (in {Path.cwd()})"
-        raise UsageError(f"--suites-dir {a.suites_dir}{where}: no such folder; give a folder "
-                         "of <name>.json suite files")
-    if a.start_from is not None and not Path(a.start_from).is_dir():
-        where = "" if Path(a.start_from).is_absolute() else f" (in {Path.cwd()})"
-        raise UsageError(f"--start-from {a.start_from}{where}: no such folder; give a folder "
-                         "of <suite>/<entry>.json plan files (another run's --rules folder)")
+    _existing_folder("--suites-dir", a.suites_dir, "<name>.json suite files")
+    _existing_folder("--start-from", a.start_from,
+                     "<suite>/<entry>.json plan files (another run's --rules folder)")
     suite = usage(load_suite, a.suite, a.suites_dir)
     ids = [i.strip() for i in a.entries.split(",") if i.strip()] if a.entries else None
     selected = usage(suite.select, ids)
@@ -99,6 +94,14 @@ def run(a: argparse.Namespace) -> int:
         raise WorkFailed(f"{len(done.failed)} entries failed ({', '.join(done.failed)}); "
                          "the same command retries them")
     return 0
+
+
+def _existing_folder(option: str, value: str | None, holding: str) -> None:
+    """A folder option that was given must name a folder; one line if not."""
+    if value is not None and not Path(value).is_dir():
+        where = "" if Path(value).is_absolute() else f" (in {Path.cwd()})"
+        raise UsageError(f"{option} {value}{where}: no such folder; give a folder of "
+                         f"{holding}")
 
 
 def command_line(a: argparse.Namespace) -> str:

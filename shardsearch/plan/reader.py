@@ -256,13 +256,7 @@ def load_rule(path: str | os.PathLike[str],
       >>> rule = load_rule("plan.json")
       >>> rule.apply(workload.abstract()[0])  # spec tree for the train state
     """
-    from ..rules.logical import FORMAT, rule_from_logical_axis_rules
-
-    where = str(path)
-    data = read_json(path, where, invalid=_INVALID)
-    if isinstance(data, dict) and data.get("format") == FORMAT:
-        return rule_from_logical_axis_rules(data, mesh, where)[0]
-    return ShardingPlan.from_config(data, mesh, where).rule
+    return _read_rules(path, mesh)[0]
 
 
 def load_rules(path: str | os.PathLike[str],
@@ -277,17 +271,26 @@ def load_rules(path: str | os.PathLike[str],
       ValueError: naming the file, as `load_plan`; also a logical-axis-rules
         file without the batch's logical names.
     """
+    from ..rules.logical import FORMAT
+
+    state_rule, batch_rule = _read_rules(path, mesh)
+    if batch_rule is None:
+        raise ValueError(
+            f"{path}: this {FORMAT} file names no batch leaves, so it gives no batch "
+            "rule; give the plan file instead (`shardsearch export`'s default format)")
+    return state_rule, batch_rule
+
+
+def _read_rules(path: str | os.PathLike[str], mesh: _mesh.AnyMesh | None
+                ) -> tuple[ShardingRule, ShardingRule | None]:
+    # Either form `shardsearch export` writes; a logical-axis-rules file may
+    # lack the batch (None), a plan file always has it.
     from ..rules.logical import FORMAT, rule_from_logical_axis_rules
 
     where = str(path)
     data = read_json(path, where, invalid=_INVALID)
     if isinstance(data, dict) and data.get("format") == FORMAT:
-        state_rule, batch_rule, _ = rule_from_logical_axis_rules(data, mesh, where)
-        if batch_rule is None:
-            raise ValueError(
-                f"{where}: this {FORMAT} file names no batch leaves, so it gives no batch "
-                "rule; give the plan file instead (`shardsearch export`'s default format)")
-        return state_rule, batch_rule
+        return rule_from_logical_axis_rules(data, mesh, where)[:2]
     plan = ShardingPlan.from_config(data, mesh, where)
     return plan.rule, plan.batch_rule
 

@@ -254,8 +254,8 @@ def optimize(
                      if warm_start else {})
         # Start plans right after replicated (the reference): asked for by name,
         # they run even when the trials end before the expert plans do.
-        first = dict(list(baselines.items())[:1])
-        baselines = first | starts | baselines
+        reference = {k: c for k, c in baselines.items() if k == "replicated"}
+        baselines = reference | starts | baselines
         # The workers sharing the study: the last one to finish confirms.
         roster = Roster(study) if scorer.confirms and confirm_rounds else None
         try:
