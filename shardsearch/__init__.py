@@ -40,20 +40,20 @@ from .rules.logical import LogicalAxisRule as LogicalAxisRule
 from .rules.memory import MemoryConstrainedShardingRule as MemoryConstrainedShardingRule
 from .rules.patterns import PathShardingRule as PathShardingRule
 from .rules.patterns import ShapeBasedShardingRule as ShapeBasedShardingRule
-from .search.candidate import Candidate as Candidate
-from .search.context import baseline_plans as baseline_plans
-from .search.context import make_context as make_context
-from .search.context import make_space as make_space
-from .search.evaluate import Outcome as Outcome
+from .search.evaluation.objectives import Hybrid as Hybrid
+from .search.evaluation.objectives import Objective as Objective
+from .search.evaluation.objectives import register_objective as register_objective
+from .search.evaluation.outcome import Outcome as Outcome
+from .search.evaluation.stages import Stage as Stage
 from .search.export import export_config as export_config
 from .search.loop import optimize as optimize
-from .search.objectives import Hybrid as Hybrid
-from .search.objectives import Objective as Objective
-from .search.objectives import register_objective as register_objective
-from .search.record import TrialRecord as TrialRecord
 from .search.result import OptimizeResult as OptimizeResult
-from .search.space import SearchSpace as SearchSpace
-from .search.stages import Stage as Stage
+from .search.setup import make_context as make_context
+from .search.space.baselines import baseline_plans as baseline_plans
+from .search.space.baselines import make_space as make_space
+from .search.space.candidate import Candidate as Candidate
+from .search.space.searchspace import SearchSpace as SearchSpace
+from .search.study.record import TrialRecord as TrialRecord
 
 __all__ = [
     "AutoShardingRule",

@@ -12,7 +12,7 @@ import os
 
 import jax
 
-from shardsearch.search import evaluate
+from shardsearch.search.evaluation import evaluate
 from shardsearch.workloads import get_workload
 
 

@@ -29,7 +29,7 @@ from shardsearch import bench
 from shardsearch.base.jsonfile import read_json
 from shardsearch.base.limits import MAX_JSON_DEPTH, check_simulated_devices
 from shardsearch.cli import main as _cli
-from shardsearch.search.storage import open_study
+from shardsearch.search.study.storage import open_study
 from shardsearch.workloads import get_workload
 
 SECRET = "secretpw"

@@ -20,14 +20,14 @@ import shardsearch as ss
 from shardsearch.cli.launch import free_port, process_command, worst
 from shardsearch.cli.main import main
 from shardsearch.cli.supervise import supervise
-from shardsearch.search.distributed import (
+from shardsearch.search.evaluation.outcome import Outcome
+from shardsearch.search.evaluation.stages import FAILED
+from shardsearch.search.execution.distributed import (
     PROCESS_TIMES_ATTR,
     Distributed,
     merge_outcomes,
     settings,
 )
-from shardsearch.search.evaluate import Outcome
-from shardsearch.search.stages import FAILED
 from shardsearch.workloads import get_workload
 
 # Small and quick: mlp:tiny (the quickest to compile; what is tested is how the

@@ -12,7 +12,7 @@ import pytest
 
 import shardsearch as ss
 from shardsearch import make_space
-from shardsearch.search import evaluate as _evaluate
+from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.workloads import get_workload
 
 RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "efficiency" / "run.py"

@@ -21,8 +21,9 @@ from jax.experimental.custom_partitioning import custom_partitioning
 
 import shardsearch as ss
 from shardsearch.cli import main as _cli
-from shardsearch.search import evaluate as _evaluate
-from shardsearch.search.context import baseline_candidates, make_context
+from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.setup import make_context
+from shardsearch.search.space.baselines import baseline_candidates
 from shardsearch.workloads import Workload
 
 SHAPE = (16, 8)  # w; the batch x is (32, 16)

@@ -18,11 +18,12 @@ from shardsearch.cli import main as _cli
 from shardsearch.cost.chips import HARDWARE
 from shardsearch.cost.hardware import HardwareModel
 from shardsearch.cost.links import Link
-from shardsearch.search import evaluate as _evaluate
-from shardsearch.search.context import baseline_candidates, make_context
-from shardsearch.search.objectives import Hybrid, get_objective
-from shardsearch.search.record import TrialRecord, recorded_estimates
-from shardsearch.search.stages import CUT, Stage
+from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.evaluation.objectives import Hybrid, get_objective
+from shardsearch.search.evaluation.stages import CUT, Stage
+from shardsearch.search.setup import make_context
+from shardsearch.search.space.baselines import baseline_candidates
+from shardsearch.search.study.record import TrialRecord, recorded_estimates
 from shardsearch.workloads import get_workload
 
 FAST = dict(warmup=1, repeats=3, confirm_rounds=3, quiet=True, space="rules", isolate=False)

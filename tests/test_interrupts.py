@@ -18,7 +18,7 @@ from progress import after_trials
 
 import shardsearch as ss
 from shardsearch.cli.main import Terminated, handle_signals
-from shardsearch.search.ownership import interrupts_deferred
+from shardsearch.search.study.ownership import interrupts_deferred
 from shardsearch.workloads import get_workload
 
 TRIALS = 60  # more than any test lets finish

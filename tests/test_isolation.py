@@ -12,9 +12,10 @@ from test_faults import segfaulting
 
 import shardsearch as ss
 from shardsearch.cli.render import results_table
-from shardsearch.search import evaluate as _evaluate
-from shardsearch.search.context import baseline_candidates, make_context
-from shardsearch.search.isolate import IsolationWarning
+from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.execution.isolate import IsolationWarning
+from shardsearch.search.setup import make_context
+from shardsearch.search.space.baselines import baseline_candidates
 from shardsearch.workloads import get_workload
 
 FAST = dict(warmup=1, repeats=2)

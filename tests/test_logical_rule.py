@@ -17,7 +17,7 @@ from shardsearch.logical.axes import LeafAxes, LogicalAxes, LogicalAxis
 from shardsearch.logical.discover import discover_logical_axes
 from shardsearch.rules.explain import NO_RULE, explain_rule
 from shardsearch.rules.logical import LogicalAxisRule, compact, generalize
-from shardsearch.search.logical_block import split_rules
+from shardsearch.search.space.logical import split_rules
 from shardsearch.workloads import expert_plans, get_workload
 
 MESH = ss.abstract_mesh((2, 4), ("dp", "tp"))

@@ -15,15 +15,15 @@ import shardsearch as ss
 from shardsearch.base import tree as _tree
 from shardsearch.logical.discover import discover_logical_axes
 from shardsearch.rules.logical import LogicalAxisRule
-from shardsearch.search.candidate import Candidate
-from shardsearch.search.context import (
+from shardsearch.search.space.baselines import (
     LOGICAL_MEGATRON,
     baseline_candidates,
     baseline_plans,
     make_space,
 )
-from shardsearch.search.logical_block import group_choices, offered_axes
-from shardsearch.search.space import SearchSpace
+from shardsearch.search.space.candidate import Candidate
+from shardsearch.search.space.logical import group_choices, offered_axes
+from shardsearch.search.space.searchspace import SearchSpace
 from shardsearch.workloads import expert_plans, get_workload
 
 MESH = ss.abstract_mesh((2, 4), ("dp", "tp"))

@@ -300,8 +300,8 @@ def test_the_search_and_a_users_monitored_run_time_the_same_step(mesh24):
     """
     import statistics
 
-    from shardsearch.search import evaluate as _evaluate
-    from shardsearch.search.context import baseline_candidates
+    from shardsearch.search.evaluation import evaluate as _evaluate
+    from shardsearch.search.space.baselines import baseline_candidates
     from shardsearch.workloads import get_workload
 
     workload = get_workload("mlp:tiny")

@@ -15,7 +15,7 @@ import pytest
 from pgserver import fresh_database, postgres_url
 from sqlalchemy.engine import make_url
 
-from shardsearch.search.storage import close_storage, open_study, storage_engine
+from shardsearch.search.study.storage import close_storage, open_study, storage_engine
 
 # A password that no message could contain by chance.
 WRONG = "Wr0ng-pw-7f3a9c"

@@ -33,7 +33,7 @@ from shardsearch.base import spec as _spec
 from shardsearch.base.tree import leaf_specs
 from shardsearch.plan.reader import leaf_info, leaves_hash
 from shardsearch.rules.base import argument_specs
-from shardsearch.search.evaluate import fingerprint
+from shardsearch.search.evaluation.outcome import fingerprint
 
 # Same examples on every run and machine; nothing saved between runs.
 FAST = settings(derandomize=True, deadline=None, database=None, max_examples=100)

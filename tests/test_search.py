@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 import shardsearch as ss
-from shardsearch.search import evaluate as _evaluate
+from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.search.finish import CONFIRM_WITHIN
 from shardsearch.workloads import get_workload
 

@@ -24,7 +24,7 @@ import pytest
 import shardsearch as ss
 from shardsearch.base.secrets import HIDDEN, hide_secrets, redact_url
 from shardsearch.cli import main as _cli
-from shardsearch.search.storage import open_study
+from shardsearch.search.study.storage import open_study
 
 SECRET = "secretpw"
 

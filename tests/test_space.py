@@ -12,8 +12,8 @@ from recording import RecordingTrial
 
 import shardsearch as ss
 from shardsearch.rules.batch import BatchShardingRule
-from shardsearch.search.candidate import Candidate
-from shardsearch.search.space import (
+from shardsearch.search.space.candidate import Candidate
+from shardsearch.search.space.searchspace import (
     Param,
     ParamBlock,
     SearchSpace,

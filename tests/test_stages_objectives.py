@@ -11,11 +11,12 @@ from shardsearch.cost.chips import HARDWARE, LEGACY
 from shardsearch.cost.hardware import HardwareModel
 from shardsearch.cost.hlo import Collective, CollectiveSummary, HloCost
 from shardsearch.cost.program import ProgramCost, XlaMemory
-from shardsearch.search import evaluate as _evaluate
-from shardsearch.search import objectives as _objectives
-from shardsearch.search.context import baseline_candidates, make_context
-from shardsearch.search.objectives import Objective, get_objective, register_objective
-from shardsearch.search.stages import COMPLETE, CUT, FAILED, Stage, Status, stage_label
+from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.evaluation import objectives as _objectives
+from shardsearch.search.evaluation.objectives import Objective, get_objective, register_objective
+from shardsearch.search.evaluation.stages import COMPLETE, CUT, FAILED, Stage, Status, stage_label
+from shardsearch.search.setup import make_context
+from shardsearch.search.space.baselines import baseline_candidates
 from shardsearch.workloads import get_workload
 
 

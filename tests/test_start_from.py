@@ -12,7 +12,7 @@ from shardsearch.plan.writer import logical_axis_rules_config
 from shardsearch.rules.auto import AutoShardingRule
 from shardsearch.rules.batch import BatchShardingRule
 from shardsearch.rules.composite import CompositeShardingRule
-from shardsearch.search.context import start_candidates
+from shardsearch.search.space.baselines import start_candidates
 from shardsearch.workloads import get_workload
 
 # Static: estimates are deterministic and nothing runs, so a test can compare values.

@@ -12,9 +12,9 @@ from optuna.trial import TrialState
 import shardsearch as ss
 from shardsearch.cli import main as _cli
 from shardsearch.cli.render import results_table
-from shardsearch.search import ownership as _own
-from shardsearch.search.identity import IDENTITY_ATTR, StudyIdentity, arguments_fingerprint
-from shardsearch.search.storage import is_resumable
+from shardsearch.search.study import ownership as _own
+from shardsearch.search.study.identity import IDENTITY_ATTR, StudyIdentity, arguments_fingerprint
+from shardsearch.search.study.storage import is_resumable
 from shardsearch.workloads import get_workload
 
 FAST = dict(objective="static", confirm_rounds=0, quiet=True, space="rules", isolate=False)

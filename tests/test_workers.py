@@ -21,18 +21,18 @@ from pgserver import fresh_database, postgres_url
 from progress import after_trials
 from sqlalchemy.engine import make_url
 
-from shardsearch.search.claims import (
+from shardsearch.search.evaluation.outcome import Outcome
+from shardsearch.search.evaluation.stages import COMPLETE
+from shardsearch.search.study.claims import (
     CONFIRM_LEFT,
     CONFIRMED_ELSEWHERE,
     CONFIRMED_HERE,
     CompileClaims,
     Roster,
 )
-from shardsearch.search.evaluate import Outcome
-from shardsearch.search.ownership import OWNER_ATTR, Owner
-from shardsearch.search.record import outcome_attrs
-from shardsearch.search.stages import COMPLETE
-from shardsearch.search.storage import close_storage, open_study
+from shardsearch.search.study.ownership import OWNER_ATTR, Owner
+from shardsearch.search.study.record import outcome_attrs
+from shardsearch.search.study.storage import close_storage, open_study
 
 STUDY = "workers"
 COMMAND = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--devices", "8",

@@ -178,9 +178,10 @@ def estimate_published(workload: Any, mesh: Any, published: Published, hardware:
       `fits_chip` (XLA's total within the chip's memory), `status` and
       `reason` (when it could not be estimated).
     """
-    from ..search.candidate import Candidate
-    from ..search.context import make_context
-    from ..search.evaluate import evaluate, fingerprint, resolve
+    from ..search.evaluation.evaluate import evaluate, resolve
+    from ..search.evaluation.outcome import fingerprint
+    from ..search.setup import make_context
+    from ..search.space.candidate import Candidate
     from ..workloads import expert_plan
 
     plan = expert_plan(workload, mesh, published.plan)
@@ -226,7 +227,7 @@ def compare(entry: Any, estimated: Mapping[str, Any], result: Any,
       result: the search's `OptimizeResult`.
       known: fingerprint → the search's `Outcome`s.
     """
-    from ..search.evaluate import fingerprint
+    from ..search.evaluation.outcome import fingerprint
 
     published = entry.published
     out = dict(estimated)

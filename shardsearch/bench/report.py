@@ -16,9 +16,9 @@ from typing import Any
 
 from ..base.jsonfile import read_json
 from ..base.units import format_bytes as _bytes
-from ..search import confirm as _confirm
-from ..search.objectives import is_estimate
-from ..search.stages import Stage
+from ..search.evaluation import confirm as _confirm
+from ..search.evaluation.objectives import is_estimate
+from ..search.evaluation.stages import Stage
 from . import published_report as _published
 
 MATPLOTLIB_MISSING = ("plots skipped: matplotlib is not installed (pip install "

@@ -42,15 +42,16 @@ from ..base.units import parse_bytes
 from ..cost.chips import HARDWARE, hardware_for
 from ..cost.program import XlaMemory
 from ..plan.writer import strict_json, write_config
-from ..search import confirm as _confirm
-from ..search import evaluate as _evaluate
-from ..search.context import baseline_candidates, discover, make_context
+from ..search.evaluation import confirm as _confirm
+from ..search.evaluation import evaluate as _evaluate
+from ..search.evaluation.objectives import get_objective
+from ..search.evaluation.stages import COMPLETE, CUT, FAILED, Stage
 from ..search.export import export_config
 from ..search.loop import optimize
-from ..search.objectives import get_objective
-from ..search.record import TrialRecord
-from ..search.stages import COMPLETE, CUT, FAILED, Stage
-from ..search.storage import open_study
+from ..search.setup import make_context
+from ..search.space.baselines import baseline_candidates, discover
+from ..search.study.record import TrialRecord
+from ..search.study.storage import open_study
 from ..workloads import expert_plans, get_workload
 from . import published as _published
 from . import report as _report

@@ -28,8 +28,8 @@ from ..base.jsonfile import read_json
 from ..base.limits import check_simulated_devices
 from ..base.units import parse_bytes
 from ..cost.chips import HARDWARE
-from ..search.logical_block import SPACES
-from ..search.objectives import OBJECTIVES
+from ..search.evaluation.objectives import OBJECTIVES
+from ..search.space.logical import SPACES
 from ..workloads._custom import CUSTOM, custom_workload
 from .published import Published
 

@@ -88,7 +88,7 @@ def study_name(text: str) -> str:
 
     Example: "gpt-dp2" → "gpt-dp2"; "" and "a\nb" are refused.
     """
-    from ..search.storage import check_study_name
+    from ..search.study.storage import check_study_name
 
     try:
         return check_study_name(text)

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(a: argparse.Namespace) -> int:
     from ..plan.writer import write_config
     from ..search.export import export_config
-    from ..search.storage import default_storage, open_study
+    from ..search.study.storage import default_storage, open_study
 
     storage = a.storage or default_storage()
     study = usage(open_study, storage, a.study, create=False)

@@ -13,9 +13,9 @@ from typing import Any
 
 from .._version import __version__
 from ..cost.chips import HARDWARE
-from ..search.distributed import DEFAULT_TIMEOUT as DEFAULT_LOCKSTEP_TIMEOUT
-from ..search.evaluate import EXECUTE_TIMEOUT
-from ..search.objectives import OBJECTIVES, Hybrid
+from ..search.evaluation.context import EXECUTE_TIMEOUT
+from ..search.evaluation.objectives import OBJECTIVES, Hybrid
+from ..search.execution.distributed import DEFAULT_TIMEOUT as DEFAULT_LOCKSTEP_TIMEOUT
 from .args import (
     Command,
     UsageError,
@@ -172,7 +172,7 @@ def search(a: argparse.Namespace, several: bool) -> int:
     from ..plan.writer import write_config
     from ..search.export import export_config
     from ..search.loop import optimize
-    from ..search.storage import default_storage, is_resumable
+    from ..search.study.storage import default_storage, is_resumable
 
     dims, names = usage(parse_mesh, a.mesh)
     budget = usage(parse_bytes, a.budget) if a.budget is not None else None
@@ -192,7 +192,7 @@ def search(a: argparse.Namespace, several: bool) -> int:
             else "in memory: it ends with this process")
     n = mesh.devices.size
     if several:
-        from ..search.distributed import Distributed
+        from ..search.execution.distributed import Distributed
 
         distributed = Distributed(timeout=a.lockstep_timeout or DEFAULT_LOCKSTEP_TIMEOUT)
         rank = process_index()
@@ -254,7 +254,7 @@ def distributed_requested(a: argparse.Namespace) -> bool:
 def join_processes(a: argparse.Namespace) -> None:
     """Joins the other processes (`search.distributed.initialize`), before
     JAX starts: `--devices` is then the count of each process."""
-    from ..search.distributed import initialize
+    from ..search.execution.distributed import initialize
 
     if a.num_processes is not None and a.process_id is not None and \
             a.process_id >= a.num_processes:
@@ -279,7 +279,7 @@ def leave_processes(err: BaseException) -> None:
     exit code and one line on stderr, without JAX's shutdown barrier, which
     would wait for processes that are gone. Ctrl-C and SIGTERM are left to
     `main` (every process got the signal)."""
-    from ..search.distributed import PeerLost, announce_exit
+    from ..search.execution.distributed import PeerLost, announce_exit
 
     if isinstance(err, KeyboardInterrupt) and not isinstance(err, PeerLost):
         announce_exit("it was interrupted")
@@ -320,7 +320,7 @@ def hardware_option(text: str | None, objective: Any) -> Any:
     """
     if text is None:
         return None
-    from ..search.objectives import get_objective
+    from ..search.evaluation.objectives import get_objective
 
     if not get_objective(objective).uses_hardware:
         raise UsageError(f"--hardware {text}: objective {get_objective(objective).name!r} "

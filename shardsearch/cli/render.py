@@ -11,9 +11,9 @@ from typing import Any
 
 from ..base.units import format_bytes as _bytes
 from ..cost.breakdown import Breakdown
-from ..search.logs import short as short_log_line
-from ..search.objectives import is_estimate
-from ..search.stages import Stage
+from ..search.evaluation.logs import short as short_log_line
+from ..search.evaluation.objectives import is_estimate
+from ..search.evaluation.stages import Stage
 
 VERDICTS = {
     "faster": "faster: significantly faster than the runner-up in interleaved re-timing",

@@ -24,14 +24,14 @@ import optuna
 from ..base import mesh as _mesh
 from ..plan.writer import plan_config, versions
 from ..rules.base import rule_from_config
-from .confirm import median_ci
-from .context import START_PREFIX
-from .evaluate import Outcome
-from .identity import check_workload
-from .objectives import OBJECTIVES
-from .ownership import INTERRUPTED
-from .record import TrialRecord, summarize
-from .stages import COMPLETE, stage_label
+from .evaluation.confirm import median_ci
+from .evaluation.objectives import OBJECTIVES
+from .evaluation.outcome import Outcome
+from .evaluation.stages import COMPLETE, stage_label
+from .space.baselines import START_PREFIX
+from .study.identity import check_workload
+from .study.ownership import INTERRUPTED
+from .study.record import TrialRecord, summarize
 
 # Baselines that are reference points rather than plans an expert would write.
 NOT_EXPERT = ("replicated", "default", "search")

@@ -15,14 +15,14 @@ from typing import Any
 
 from ..base import mesh as _mesh
 from ..rules.base import rule_from_config
-from . import confirm as _confirm
-from . import evaluate as _evaluate
-from .candidate import Candidate
-from .context import baseline_candidates
-from .evaluate import Context
-from .record import TrialRecord
+from .evaluation import confirm as _confirm
+from .evaluation import evaluate as _evaluate
+from .evaluation.context import Context
+from .evaluation.stages import COMPLETE
 from .result import OptimizeResult
-from .stages import COMPLETE
+from .space.baselines import baseline_candidates
+from .space.candidate import Candidate
+from .study.record import TrialRecord
 
 # Baselines whose search time is within this factor of the best are re-timed
 # with the finalists.

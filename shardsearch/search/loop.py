@@ -24,28 +24,30 @@ from ..base import mesh as _mesh
 from ..base import tree as _tree
 from ..cost.hardware import HardwareModel
 from ..rules.base import ShardingRule
-from . import distributed as _distributed
-from . import evaluate as _evaluate
-from .candidate import Candidate
-from .claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
-from .context import baseline_candidates, make_context, make_space, start_candidates
-from .evaluate import EXECUTE_TIMEOUT, Context, Outcome
+from .evaluation import evaluate as _evaluate
+from .evaluation.context import EXECUTE_TIMEOUT, Context
+from .evaluation.objectives import Objective
+from .evaluation.outcome import Outcome
+from .evaluation.stages import COMPLETE, CUT, Stage
+from .execution import distributed as _distributed
+from .execution.lockstep import Lockstep
 from .finish import finish
-from .identity import bind_study, identity_of
-from .lockstep import Lockstep
-from .objectives import Objective
-from .ownership import (
+from .result import OptimizeResult
+from .setup import make_context
+from .space.baselines import baseline_candidates, make_space, start_candidates
+from .space.candidate import Candidate
+from .space.searchspace import SearchSpace
+from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
+from .study.identity import bind_study, identity_of
+from .study.ownership import (
     BaselineClaims,
     Heartbeat,
     fail_stale_trials,
     interrupts_deferred,
     mark_interrupted,
 )
-from .record import TrialRecord, outcome_attrs, recorded_estimates
-from .result import OptimizeResult
-from .space import SearchSpace
-from .stages import COMPLETE, CUT, Stage
-from .storage import (
+from .study.record import TrialRecord, outcome_attrs, recorded_estimates
+from .study.storage import (
     SAMPLER,
     check_study_name,
     close_storage,

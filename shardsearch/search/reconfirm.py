@@ -17,13 +17,13 @@ from typing import Any
 import jax
 
 from ..base import mesh as _mesh
-from .context import make_context
+from .evaluation.objectives import get_objective
 from .finish import finish
-from .identity import check_workload
-from .objectives import get_objective
-from .record import TrialRecord
 from .result import OptimizeResult
-from .storage import open_study
+from .setup import make_context
+from .study.identity import check_workload
+from .study.record import TrialRecord
+from .study.storage import open_study
 
 # The "confirmed_by" of a result `confirm_study` stored.
 CONFIRMED_BY_COMMAND = "shardsearch confirm"

@@ -12,9 +12,9 @@ from ..base import spec as _spec
 from ..base.tree import leaf_specs
 from ..plan.writer import write_config
 from ..rules.base import ShardingRule
-from .confirm import Timing
+from .evaluation.confirm import Timing
 from .export import export_config
-from .record import TrialRecord, summarize
+from .study.record import TrialRecord, summarize
 
 
 @dataclasses.dataclass

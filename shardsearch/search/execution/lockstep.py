@@ -32,9 +32,13 @@ from typing import Any
 
 import jax
 
-from . import confirm as _confirm
-from . import evaluate as _evaluate
-from . import logs as _logs
+from ..evaluation import confirm as _confirm
+from ..evaluation import evaluate as _evaluate
+from ..evaluation import logs as _logs
+from ..evaluation.context import Context
+from ..evaluation.evaluate import error_line
+from ..evaluation.outcome import Outcome
+from ..evaluation.stages import COMPLETE, FAILED
 from .distributed import (
     PROCESS_TIMES_ATTR,
     Distributed,
@@ -45,8 +49,6 @@ from .distributed import (
     runtime_client,
     signature,
 )
-from .evaluate import Context, Outcome, error_line
-from .stages import COMPLETE, FAILED
 from .watchdog import Watchdog
 
 # How long one wait on the store lasts before the waiter looks at the beats again.

@@ -23,9 +23,9 @@ from typing import Any
 import jax
 import optuna
 
-from ..base import mesh as _mesh
-from ..base import tree as _tree
-from .space import SPACE_VERSION
+from ...base import mesh as _mesh
+from ...base import tree as _tree
+from ..space.searchspace import SPACE_VERSION
 
 # The study user attribute that holds `StudyIdentity.to_json()`.
 IDENTITY_ATTR = "identity"

@@ -60,9 +60,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import logs as _logs
-from .evaluate import Context, Outcome, error_line
-from .stages import FAILED
+from ..evaluation import logs as _logs
+from ..evaluation.context import Context
+from ..evaluation.evaluate import error_line
+from ..evaluation.outcome import Outcome
+from ..evaluation.stages import FAILED
 from .transport import package_step, travels
 
 # Seconds a new worker may take to import JAX, load the step and say it is ready.
@@ -436,7 +438,7 @@ class _Worker:
         from_worker_r, from_worker_w = os.pipe()
         # Unbuffered, so what a crashing worker printed is in the log.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _python_path()}
-        code = "from shardsearch.search.worker import main; raise SystemExit(main())"
+        code = "from shardsearch.search.execution.worker import main; raise SystemExit(main())"
         try:
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(

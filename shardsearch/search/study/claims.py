@@ -49,7 +49,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .evaluate import Outcome
+from ..evaluation.outcome import Outcome
 from .ownership import GRACE_SECONDS, OWNER_ATTR, Owner, fail_stale_trials, is_stale
 from .record import TrialRecord
 from .storage import is_resumable, storage_engine

@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna
 
-from ..rules.base import ShardingRule
+from ...rules.base import ShardingRule
 from .candidate import Candidate
 
 # What Optuna stores for a categorical choice (its distributions' JSON form).

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import optuna
 
-from ..base.secrets import hide_secrets, redact_url
+from ...base.secrets import hide_secrets, redact_url
 
 DEFAULT_DIR = Path(".shardsearch")
 

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ..rules.base import ShardingRule, argument_specs
+from ...rules.base import ShardingRule, argument_specs
 
 
 @dataclasses.dataclass(frozen=True)

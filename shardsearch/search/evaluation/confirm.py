@@ -13,7 +13,7 @@ import numpy as np
 from scipy import stats
 
 from . import evaluate as _evaluate
-from .evaluate import Context
+from .context import Context
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,15 +24,15 @@ from typing import Any
 
 import optuna
 
-from ..base import mesh as _mesh
-from ..logical.axes import LogicalAxes
-from ..rules.auto import AutoShardingRule
-from ..rules.base import ShardingRule
-from ..rules.batch import BatchShardingRule
-from ..rules.composite import CompositeShardingRule
-from ..rules.memory import MemoryConstrainedShardingRule
+from ...base import mesh as _mesh
+from ...logical.axes import LogicalAxes
+from ...rules.auto import AutoShardingRule
+from ...rules.base import ShardingRule
+from ...rules.batch import BatchShardingRule
+from ...rules.composite import CompositeShardingRule
+from ...rules.memory import MemoryConstrainedShardingRule
 from .candidate import Candidate
-from .logical_block import SPACES, FamilyBlock, LogicalBlock, When, offered_axes
+from .logical import SPACES, FamilyBlock, LogicalBlock, When, offered_axes
 from .params import Draft, Param, ParamBlock
 
 # Recorded in every study (`search.identity`): a run resumes a study only over

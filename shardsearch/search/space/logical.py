@@ -28,10 +28,10 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..base import mesh as _mesh
-from ..logical.axes import LogicalAxes
-from ..rules.axes import AxisEntry
-from ..rules.logical import LogicalAxisRule
+from ...base import mesh as _mesh
+from ...logical.axes import LogicalAxes
+from ...rules.axes import AxisEntry
+from ...rules.logical import LogicalAxisRule
 from .params import Draft, Param, ParamBlock
 
 FAMILIES = ("rules", "logical")

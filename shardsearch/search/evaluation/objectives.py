@@ -45,11 +45,13 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from ..base.units import format_seconds
-from ..cost.hardware import HardwareModel
-from ..cost.program import ProgramCost
+from ...base.units import format_seconds
+from ...cost.hardware import HardwareModel
+from ...cost.program import ProgramCost
 from . import evaluate as _evaluate
-from .evaluate import CompiledCandidate, Context, Outcome
+from .context import Context
+from .evaluate import CompiledCandidate
+from .outcome import Outcome
 from .stages import COMPLETE, CUT, FAILED, Stage
 
 # The `timed_in` labels of exported results rows.

@@ -43,7 +43,7 @@ from typing import Any
 
 import jax
 
-from .evaluate import error_line
+from ..evaluation.evaluate import error_line
 
 
 def package_step(step: Any, workload: Any, abstract_args: Sequence[Any],
@@ -147,7 +147,7 @@ def _mesh_dependent(jaxpr: Any) -> str | None:
 
 
 def _resolvable(name: str) -> bool:
-    from ..workloads import list_workloads
+    from ...workloads import list_workloads
 
     module, sep, attr = name.partition(":")
     if name in list_workloads() or module in {n.partition(":")[0] for n in list_workloads()}:

@@ -16,9 +16,9 @@ from typing import Any
 
 import optuna
 
-from .evaluate import Outcome
+from ..evaluation.outcome import Outcome
+from ..evaluation.stages import COMPLETE, FAILED, Stage
 from .ownership import INTERRUPTED, LABEL_ATTR, REASON_ATTR
-from .stages import COMPLETE, FAILED, Stage
 
 ESTIMATE_ATTR = "estimate"
 BREAKDOWN_ATTR = "breakdown"

@@ -73,10 +73,11 @@ from typing import Any
 
 import jax
 
-from ..base import mesh as _mesh
-from ..base import tree as _tree
-from .evaluate import Context, Outcome
-from .stages import COMPLETE, CUT, FAILED
+from ...base import mesh as _mesh
+from ...base import tree as _tree
+from ..evaluation.context import Context
+from ..evaluation.outcome import Outcome
+from ..evaluation.stages import COMPLETE, CUT, FAILED
 
 # Seconds a process waits for a silent peer (no beat, no answer) by default.
 DEFAULT_TIMEOUT = 120.0
@@ -164,7 +165,7 @@ def initialize(
         range; JAX started already.
     """
     if cpu_devices is not None:
-        from ..base.mesh import use_cpu_devices
+        from ...base.mesh import use_cpu_devices
 
         use_cpu_devices(cpu_devices)
     try:

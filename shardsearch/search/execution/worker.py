@@ -82,7 +82,7 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
     body = pickle.loads(payload["body"])
     import numpy as np
 
-    from .evaluate import Context
+    from ..evaluation.context import Context
 
     abstract_args = jax.tree.unflatten(
         body["treedef"], [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in body["avals"]])
@@ -125,7 +125,7 @@ def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
     if kind == "function":
         step = data
     else:
-        from ..workloads import get_workload
+        from ...workloads import get_workload
 
         step = get_workload(data).step
     if jaxpr_digest(jax.make_jaxpr(step)(*abstract_args)) != digest[0]:
@@ -138,11 +138,11 @@ def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
 
 def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
     """Answers jobs until told to exit; an error in a job ends the worker."""
-    from ..base import monitor  # noqa: F401 - loaded before the first job's clock starts
-    from . import confirm as _confirm
-    from . import evaluate as _evaluate
+    from ...base import monitor  # noqa: F401 - loaded before the first job's clock starts
+    from ..evaluation import confirm as _confirm
+    from ..evaluation import evaluate as _evaluate
+    from ..evaluation.stages import FAILED
     from .isolate import IDLE_EXIT
-    from .stages import FAILED
 
     def reporter() -> Callable[[int, float], bool]:
         def report(index: int, seconds: float) -> bool:

@@ -27,7 +27,6 @@ candidate are caught and counted in its `Outcome` (`search.logs`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,213 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..base import spec as _spec
-from ..base import tree as _tree
-from ..base.analyzer import ShardingAnalyzer
-from ..base.monitor import create_monitored_function
-from ..cost.chips import hardware_for
-from ..cost.hardware import HardwareModel
-from ..cost.program import ProgramCost, XlaMemory
-from ..cost.topology import Topology
+from ...base.monitor import create_monitored_function
+from ...cost.program import ProgramCost, XlaMemory
+from ..space.candidate import Candidate
 from . import logs as _logs
-from .candidate import Candidate
+from .context import Context, progress
+from .outcome import NONFINITE, Outcome, fingerprint
 from .stages import COMPLETE, CUT, FAILED, Stage, Status
 
 CLEAR_CACHES_EVERY = 20
-
-# Seconds a measured candidate may go without finishing a step (also the
-# default of `optimize(execute_timeout=...)`). Generous: the first step also
-# moves the arguments onto the devices.
-EXECUTE_TIMEOUT = 120.0
-
-# How the reason of a candidate whose outputs hold NaN or Inf begins.
-NONFINITE = "non-finite loss"
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What happened to one candidate.
-
-    Attributes:
-      fingerprint: hash of the resolved spec trees ("" when they could not be
-        resolved).
-      status: a `Status`: "complete", "cut" or "failed" (a string given is
-        converted).
-      cut_stage: the `Stage` that cut the candidate (stored as its int: 1
-        check, 2 compile, 4 estimate, 3 measure); None unless cut.
-      reason: why it was cut or failed; "" when complete.
-      value: the objective in seconds (median measured step, or the static
-        estimate); None unless complete.
-      compile_seconds: lower + compile wall time; 0 when not compiled.
-      step_times: every timed repeat, in order.
-      memory: per-device bytes: "arguments" (analyzer estimate) and, once
-        compiled, XLA's "argument", "output", "temp", "alias" and "total".
-      flops: flops per device per step: XLA's count with the matmul flops of
-        the loop trips it leaves out added back (`ProgramCost.flops`); XLA's
-        own count when the HLO text could not be read; None before compiling.
-      collective_bytes: bytes moved by collectives per device per step.
-      cache_hit: the result was reused from an earlier identical fingerprint.
-      log_count: non-blank lines XLA (or the step) printed to stderr while
-        the candidate compiled and ran, e.g. "[SPMD] Involuntary full
-        rematerialization" warnings; 0 in studies from before they were kept.
-      log_first: the first of them ("" when none), at most
-        `logs.FIRST_LINE_CHARS` characters.
-      estimate: the hardware model's seconds per step for the compiled
-        program, for objectives that estimate ("static": the value itself;
-        "hybrid": what decided whether it was timed); None otherwise.
-      breakdown: the estimate's parts (`cost.breakdown.Breakdown.to_json()`:
-        compute, memory, each collective kind x axes); None when not
-        estimated or the model gives only a number (a subclass overriding
-        `HardwareModel.estimate`).
-
-    `to_json` is the form of the trial attribute "outcome", which predates
-    `estimate` and `breakdown`: the study stores those two beside it, in
-    attributes of their own (`search.record`).
-
-    Example:
-      >>> Outcome("ab12", "cut", 1, "invalid specs: ...").cut_stage
-      <Stage.CHECK: 1>
-    """
-
-    fingerprint: str
-    status: Status
-    cut_stage: Stage | None = None
-    reason: str = ""
-    value: float | None = None
-    compile_seconds: float = 0.0
-    step_times: tuple[float, ...] = ()
-    memory: dict[str, int] = dataclasses.field(default_factory=dict)
-    flops: float | None = None
-    collective_bytes: float | None = None
-    cache_hit: bool = False
-    log_count: int = 0
-    log_first: str = ""
-    estimate: float | None = None
-    breakdown: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        # Stored outcomes come back with the plain string and int.
-        try:
-            status = Status(self.status)
-            stage = None if self.cut_stage is None else Stage(self.cut_stage)
-        except ValueError:
-            raise ValueError(
-                f"Outcome {self.fingerprint!r}: status={self.status!r}, cut_stage="
-                f"{self.cut_stage!r}; the statuses are {tuple(s.value for s in Status)} and "
-                f"the stages {tuple(int(s) for s in Stage)}") from None
-        if (status == CUT) != (stage is not None):
-            raise ValueError(
-                f"Outcome {self.fingerprint!r}: status={status.value!r} with cut_stage="
-                f"{self.cut_stage!r}; a cut outcome names the stage that cut it, no other does")
-        object.__setattr__(self, "status", status)
-        object.__setattr__(self, "cut_stage", stage)
-
-    def to_json(self) -> dict[str, Any]:
-        """The stored "outcome" attribute: every field but `estimate` and `breakdown`."""
-        out = dataclasses.asdict(self)
-        del out["estimate"], out["breakdown"]
-        out["status"] = self.status.value
-        out["cut_stage"] = None if self.cut_stage is None else int(self.cut_stage)
-        out["step_times"] = list(self.step_times)
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Outcome:
-        data = dict(data)
-        data["step_times"] = tuple(data.get("step_times", ()))
-        return cls(**data)
-
-
-@dataclasses.dataclass
-class Context:
-    """Everything fixed for one study: the step, its arguments, the mesh, limits.
-
-    Built by `search.context.make_context`, which checks them.
-
-    Attributes:
-      step: `step(state, *batch) -> (state, metrics)`, not jitted.
-      abstract_args: `(state, *batch)` as ShapeDtypeStructs.
-      mesh: a concrete Mesh (compiling needs devices).
-      host_args: a function giving fresh host copies of the arguments (needed
-        by objectives that run the step), or None.
-      budget: per-device bytes, or None for no memory limit.
-      objective: the `search.objectives.Objective` that scores candidates past
-        stage 2 (`objective.name` is what studies store).
-      warmup, repeats: untimed and timed calls per measured candidate.
-      compile_timeout: seconds before a compile counts as failed.
-      hardware: the model behind the objectives that estimate ("static",
-        "hybrid"); None: the built-in one for the mesh's platform
-        (`hardware_model()`).
-      compiles: how many compiles this context has run (for tests and reports).
-      isolation: a `search.isolate.Isolation` when stages 2 and 3 run in a
-        worker process, None to run them in this one.
-      execute_timeout: seconds a running candidate may go without finishing
-        a step before its worker is stopped (isolated runs only).
-      verbose: print each candidate's caught log lines to stderr.
-      progress: called with "compiling", "running" and "step" as the
-        evaluation goes; a worker uses it to tell the study process it is
-        alive. None in the study process.
-      dcn_axes: the mesh axes that cross hosts, so the hardware model charges
-        collectives over them at the network between hosts (`topology()`).
-      estimates: the estimates the study has recorded so far, one per
-        distinct candidate, ascending: what the "hybrid" objective compares a
-        candidate with. The search loop refreshes them from the study before
-        each trial (so a resumed study, and several processes sharing one,
-        see every recorded trial); a worker process gets them with each job.
-    """
-
-    step: Callable[..., Any]
-    abstract_args: tuple[Any, ...]
-    mesh: jax.sharding.Mesh
-    host_args: Callable[[], tuple[Any, ...]] | None
-    budget: int | None
-    # Not annotated with its class: `search.objectives` imports this module
-    # (an objective scores with `measure`), so this one cannot import it back.
-    objective: Any
-    warmup: int = 2
-    repeats: int = 7
-    compile_timeout: float = 600.0
-    hardware: HardwareModel | None = None
-    compiles: int = 0
-    isolation: Any = None
-    execute_timeout: float = EXECUTE_TIMEOUT
-    verbose: bool = False
-    progress: Callable[[str], None] | None = None
-    dcn_axes: tuple[str, ...] = ()
-    estimates: tuple[float, ...] = ()
-
-    @property
-    def analyzer(self) -> ShardingAnalyzer:
-        return ShardingAnalyzer(self.mesh)
-
-    def hardware_model(self) -> HardwareModel:
-        """`hardware`, else the built-in model for the mesh's platform.
-
-        Raises:
-          ValueError: no model given and none built in for the platform.
-        """
-        return hardware_for(self.mesh.devices.flat[0].platform, self.hardware)
-
-    def topology(self) -> Topology:
-        """The mesh's axes and which of them cross hosts, for the hardware model."""
-        return Topology.of(self.mesh, self.dcn_axes)
-
-    def close(self) -> None:
-        """Stops the worker process, if any; a later evaluation starts a new one."""
-        if self.isolation is not None:
-            self.isolation.close()
-
-    def __enter__(self) -> Context:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def progress(ctx: Context, event: str) -> None:
-    """Tells the context's watcher (a worker's study process) how far it got."""
-    if ctx.progress is not None:
-        ctx.progress(event)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,15 +76,6 @@ class CompiledCandidate:
     def outcome(self, status: Status | str, **fields: Any) -> Outcome:
         """An `Outcome` of this candidate, e.g. `outcome(COMPLETE, value=0.012)`."""
         return Outcome(status=status, **self.base(), **fields)
-
-
-def fingerprint(specs: Sequence[Any]) -> str:
-    """Stable hash of spec trees: same specs, same string, in any process."""
-    digest = hashlib.sha256()
-    for i, tree in enumerate(specs):
-        for path, spec in _tree.leaf_specs(tree):
-            digest.update(f"{i}:{path}={_spec.canonical(spec)};".encode())
-    return digest.hexdigest()[:16]
 
 
 def resolve(candidate: Candidate, ctx: Context) -> tuple[tuple[Any, ...] | None, str]:

@@ -1,0 +1,123 @@
+"""What happened to one candidate (`Outcome`), and the fingerprint of its spec trees.
+
+An `Outcome` is stored in the study as a trial's user attribute, so a
+resumed study reuses it; the fingerprint (`fingerprint`) is the cache key of
+every evaluation, the same string in any process for the same specs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from ...base import spec as _spec
+from ...base import tree as _tree
+from .stages import CUT, Stage, Status
+
+# How the reason of a candidate whose outputs hold NaN or Inf begins.
+NONFINITE = "non-finite loss"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What happened to one candidate.
+
+    Attributes:
+      fingerprint: hash of the resolved spec trees ("" when they could not be
+        resolved).
+      status: a `Status`: "complete", "cut" or "failed" (a string given is
+        converted).
+      cut_stage: the `Stage` that cut the candidate (stored as its int: 1
+        check, 2 compile, 4 estimate, 3 measure); None unless cut.
+      reason: why it was cut or failed; "" when complete.
+      value: the objective in seconds (median measured step, or the static
+        estimate); None unless complete.
+      compile_seconds: lower + compile wall time; 0 when not compiled.
+      step_times: every timed repeat, in order.
+      memory: per-device bytes: "arguments" (analyzer estimate) and, once
+        compiled, XLA's "argument", "output", "temp", "alias" and "total".
+      flops: flops per device per step: XLA's count with the matmul flops of
+        the loop trips it leaves out added back (`ProgramCost.flops`); XLA's
+        own count when the HLO text could not be read; None before compiling.
+      collective_bytes: bytes moved by collectives per device per step.
+      cache_hit: the result was reused from an earlier identical fingerprint.
+      log_count: non-blank lines XLA (or the step) printed to stderr while
+        the candidate compiled and ran, e.g. "[SPMD] Involuntary full
+        rematerialization" warnings; 0 in studies from before they were kept.
+      log_first: the first of them ("" when none), at most
+        `logs.FIRST_LINE_CHARS` characters.
+      estimate: the hardware model's seconds per step for the compiled
+        program, for objectives that estimate ("static": the value itself;
+        "hybrid": what decided whether it was timed); None otherwise.
+      breakdown: the estimate's parts (`cost.breakdown.Breakdown.to_json()`:
+        compute, memory, each collective kind x axes); None when not
+        estimated or the model gives only a number (a subclass overriding
+        `HardwareModel.estimate`).
+
+    `to_json` is the form of the trial attribute "outcome", which predates
+    `estimate` and `breakdown`: the study stores those two beside it, in
+    attributes of their own (`search.record`).
+
+    Example:
+      >>> Outcome("ab12", "cut", 1, "invalid specs: ...").cut_stage
+      <Stage.CHECK: 1>
+    """
+
+    fingerprint: str
+    status: Status
+    cut_stage: Stage | None = None
+    reason: str = ""
+    value: float | None = None
+    compile_seconds: float = 0.0
+    step_times: tuple[float, ...] = ()
+    memory: dict[str, int] = dataclasses.field(default_factory=dict)
+    flops: float | None = None
+    collective_bytes: float | None = None
+    cache_hit: bool = False
+    log_count: int = 0
+    log_first: str = ""
+    estimate: float | None = None
+    breakdown: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # Stored outcomes come back with the plain string and int.
+        try:
+            status = Status(self.status)
+            stage = None if self.cut_stage is None else Stage(self.cut_stage)
+        except ValueError:
+            raise ValueError(
+                f"Outcome {self.fingerprint!r}: status={self.status!r}, cut_stage="
+                f"{self.cut_stage!r}; the statuses are {tuple(s.value for s in Status)} and "
+                f"the stages {tuple(int(s) for s in Stage)}") from None
+        if (status == CUT) != (stage is not None):
+            raise ValueError(
+                f"Outcome {self.fingerprint!r}: status={status.value!r} with cut_stage="
+                f"{self.cut_stage!r}; a cut outcome names the stage that cut it, no other does")
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "cut_stage", stage)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored "outcome" attribute: every field but `estimate` and `breakdown`."""
+        out = dataclasses.asdict(self)
+        del out["estimate"], out["breakdown"]
+        out["status"] = self.status.value
+        out["cut_stage"] = None if self.cut_stage is None else int(self.cut_stage)
+        out["step_times"] = list(self.step_times)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        data = dict(data)
+        data["step_times"] = tuple(data.get("step_times", ()))
+        return cls(**data)
+
+
+def fingerprint(specs: Sequence[Any]) -> str:
+    """Stable hash of spec trees: same specs, same string, in any process."""
+    digest = hashlib.sha256()
+    for i, tree in enumerate(specs):
+        for path, spec in _tree.leaf_specs(tree):
+            digest.update(f"{i}:{path}={_spec.canonical(spec)};".encode())
+    return digest.hexdigest()[:16]
