@@ -251,13 +251,13 @@ def test_axes_across_hosts_cost_more_and_reach_the_worker(mesh24):
                           dcn_axes=("dp",), isolate=True)
     with ctx:
         specs, fp = _evaluate.resolve(dp, ctx)
-        ctx.estimates = (across.estimate / 10,)
-        cut = _evaluate.evaluate(specs, fp, ctx, lambda i, s: False)
+        cut = _evaluate.evaluate(specs, fp, ctx, lambda i, s: False,
+                                 estimates=(across.estimate / 10,))
         assert cut.cut_stage == Stage.ESTIMATE and cut.estimate == across.estimate
-        ctx.estimates = (across.estimate,)
-        timed = _evaluate.evaluate(specs, fp, ctx, lambda i, s: False)
+        timed = _evaluate.evaluate(specs, fp, ctx, lambda i, s: False,
+                                   estimates=(across.estimate,))
         assert timed.status == "complete" and timed.step_times
-        assert timed.estimate == across.estimate and ctx.isolation.pid is not None
+        assert timed.estimate == across.estimate and ctx.executor.pid is not None
 
 
 def test_bad_dcn_axes_are_refused(mesh24):

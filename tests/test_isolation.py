@@ -13,6 +13,7 @@ from test_faults import segfaulting
 import shardsearch as ss
 from shardsearch.cli.render import results_table
 from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.execution.inprocess import InProcess
 from shardsearch.search.execution.isolate import IsolationWarning
 from shardsearch.search.setup import make_context
 from shardsearch.search.space.baselines import baseline_candidates
@@ -25,7 +26,7 @@ def _evaluate_named(ctx, workload, mesh, names):
     out = {}
     for name in names:
         specs, fp = _evaluate.resolve(baseline_candidates(workload, mesh)[name], ctx)
-        out[name] = (_evaluate.evaluate(specs, fp, ctx), ctx.isolation.pid)
+        out[name] = (_evaluate.evaluate(specs, fp, ctx), ctx.executor.pid)
     return out
 
 
@@ -33,14 +34,14 @@ def test_one_worker_serves_every_candidate_and_compiles_what_this_process_would(
     workload = get_workload("mlp:tiny")
     names = ("replicated", "dp", "fsdp")
     with make_context(workload, None, mesh24, isolate=True, **FAST)[0] as ctx:
-        assert ctx.isolation.transport == "export"
+        assert ctx.executor.transport == "export"
         isolated = _evaluate_named(ctx, workload, mesh24, names)
-        assert ctx.isolation.starts == 1 and ctx.compiles == 3
-    assert ctx.isolation.pid is None  # closed
+        assert ctx.executor.starts == 1 and ctx.compiles == 3
+    assert ctx.executor.pid is None  # closed
     pids = {pid for _outcome, pid in isolated.values()}
     assert len(pids) == 1 and None not in pids
     here, _ = make_context(workload, None, mesh24, **FAST)
-    assert here.isolation is None
+    assert isinstance(here.executor, InProcess)
     for name in names:
         outcome = isolated[name][0]
         assert outcome.status == "complete" and len(outcome.step_times) == 2
@@ -54,9 +55,9 @@ def test_one_worker_serves_every_candidate_and_compiles_what_this_process_would(
 def test_a_worker_that_crashes_is_replaced_and_the_next_candidate_runs(mesh24):
     workload = segfaulting()
     with make_context(workload, None, mesh24, isolate=True, **FAST)[0] as ctx:
-        assert ctx.isolation.transport == "workload"  # host callbacks cannot be exported
+        assert ctx.executor.transport == "workload"  # host callbacks cannot be exported
         seen = _evaluate_named(ctx, workload, mesh24, ("replicated", "default", "dp"))
-        assert ctx.isolation.starts == 2
+        assert ctx.executor.starts == 2
     (ok, first), (crashed, gone), (again, second) = seen.values()
     assert ok.status == "complete" and again.status == "complete"
     assert crashed.status == "failed"
@@ -91,7 +92,7 @@ def test_a_step_defined_here_travels_to_the_worker_as_an_export(mesh24, tmp_path
     rng = np.random.default_rng(0)
     args = (rng.standard_normal((16, 8), np.float32), rng.standard_normal((32, 16), np.float32))
     ctx, _ = make_context(step, args, mesh24, isolate=True)
-    assert ctx.isolation.transport == "export"
+    assert ctx.executor.transport == "export"
     ctx.close()
     result = ss.optimize(step, args, mesh=mesh24, n_trials=4, storage=f"sqlite:///{tmp_path}/s.db",
                          isolate=True, confirm_rounds=3, quiet=True, **FAST)
@@ -108,7 +109,7 @@ def test_a_step_that_cannot_reach_a_worker_runs_here_or_is_refused(mesh24):
     with pytest.warns(IsolationWarning, match="evaluating candidates in this process, without "
                                               "a worker.*jax.export failed"):
         ctx, _ = make_context(step, args, mesh24, isolate=None)
-    assert ctx.isolation is None
+    assert isinstance(ctx.executor, InProcess)
     with pytest.raises(ValueError, match=r"isolate=True, but the step cannot run in a worker "
                                          r"process: jax.export failed .*; make it exportable"):
         make_context(step, args, mesh24, isolate=True)
@@ -130,7 +131,7 @@ def test_xla_log_lines_are_counted_per_candidate_and_kept_off_the_terminal(mesh2
     specs = (P("dp", "tp"), P())
     quiet, _ = make_context(gathering_step, GATHER_ARGS, mesh24, isolate=isolate, **FAST)
     with quiet:
-        assert isolate is False or quiet.isolation.transport == "function"
+        assert isolate is False or quiet.executor.transport == "function"
         outcome = _evaluate.evaluate(specs, _evaluate.fingerprint(specs), quiet)
         clean = _evaluate.evaluate((P(), P()), _evaluate.fingerprint((P(), P())), quiet)
     assert outcome.status == "complete" and outcome.log_count >= 1
@@ -169,4 +170,4 @@ def test_a_workload_whose_name_rebuilds_another_step_is_refused(mesh24):
     ctx, _ = make_context(impostor, None, mesh24, isolate=True, **FAST)
     with pytest.raises(ValueError, match=r"the evaluation worker did not start: .*traces to "
                                          r"another program than the study's"):
-        ctx.isolation.start()
+        ctx.executor.start()

@@ -2,7 +2,9 @@
 
 These tests read the source (every `import`, including those inside
 functions) rather than running it, so a cycle hidden behind a lazy import is
-found too. `docs/architecture.md` explains the order they enforce.
+found too. Imports under `if TYPE_CHECKING:` are annotations only (they never
+run), so they are not edges. `docs/architecture.md` explains the order they
+enforce.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ ROOT = PACKAGE.parent
 # none of the search's machinery; the search's export turns a study into one.
 STAGES = ("base", "logical", "rules", "workloads", "cost", "plan", "search", "bench", "cli")
 
+# Inside `search/`, by job and from the bottom up; the driver (`loop`, `finish`,
+# `setup`, `result`, `export`, `reconfirm`) sits on top. `execution` and
+# `study` share a level: neither imports the other.
+SEARCH_LEVELS = (("space",), ("evaluation",), ("execution", "study"), ("driver",))
+
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -43,7 +50,7 @@ def _imports(name: str, path: Path, known: set[str]) -> list[str]:
     """Every package module `name` imports, at any depth of its code."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names if a.name.split(".")[0] == "shardsearch"]
         elif isinstance(node, ast.ImportFrom):
@@ -59,6 +66,24 @@ def _imports(name: str, path: Path, known: set[str]) -> list[str]:
             subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
             out += subs or [target]
     return [m for m in out if m in known]
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` but those under `if TYPE_CHECKING:` (annotations only)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _graph() -> nx.DiGraph:
@@ -102,6 +127,48 @@ def test_stages_import_only_downward():
         if STAGES.index(b) > STAGES.index(a):
             wrong.append(f"{source} -> {target}")
     assert not wrong, "imports against the pipeline's direction:\n  " + "\n  ".join(wrong)
+
+
+def _search_level(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["shardsearch", "search"] or len(parts) < 3:
+        return None
+    job = parts[2] if len(parts) > 3 else "driver"
+    return next(i for i, jobs in enumerate(SEARCH_LEVELS) if job in jobs or jobs == ("driver",))
+
+
+def test_search_jobs_import_only_downward_and_execution_never_meets_study():
+    wrong = []
+    for source, target in _graph().edges:
+        a, b = _search_level(source), _search_level(target)
+        if a is None or b is None:
+            continue
+        job_a, job_b = source.split(".")[2], target.split(".")[2]
+        if b > a or (a == b and a == 2 and job_a != job_b):
+            wrong.append(f"{source} -> {target}")
+    assert not wrong, "imports against search/'s layers:\n  " + "\n  ".join(wrong)
+
+
+def test_no_module_imports_the_search_front():
+    # `shardsearch.search` re-exports the search's names for extensions; the
+    # modules behind it import each other by their own paths.
+    graph = _graph()
+    assert not [m for m in graph.predecessors("shardsearch.search") if m != "shardsearch"]
+
+
+def test_the_type_checking_filter_is_not_vacuous():
+    # evaluation.context names its executor's type for annotations only.
+    source = (PACKAGE / "search" / "evaluation" / "context.py").read_text(encoding="utf-8")
+    assert "from ..execution.base import Executor" in source
+    assert not _graph().has_edge("shardsearch.search.evaluation.context",
+                                 "shardsearch.search.execution.base")
+
+
+def test_the_stored_process_times_key_is_the_one_study_attrs_names():
+    from shardsearch.search.execution.distributed import PROCESS_TIMES_ATTR
+    from shardsearch.search.study import attrs
+
+    assert PROCESS_TIMES_ATTR == attrs.PROCESS_STEP_TIMES
 
 
 def test_import_shardsearch_loads_no_benchmark_or_cli_code():

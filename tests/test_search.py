@@ -12,6 +12,7 @@ import pytest
 
 import shardsearch as ss
 from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.evaluation.stages import Stage
 from shardsearch.search.finish import CONFIRM_WITHIN
 from shardsearch.workloads import get_workload
 
@@ -30,10 +31,10 @@ def spy(monkeypatch):
         _evaluate.evaluate, _evaluate.compile_step, _evaluate.measure)
     inside = {"evaluate": None}
 
-    def evaluate(specs, fp, ctx, report=None):
+    def evaluate(specs, fp, ctx, report=None, **options):
         inside["evaluate"] = fp
         try:
-            return real_evaluate(specs, fp, ctx, report)
+            return real_evaluate(specs, fp, ctx, report, **options)
         finally:
             inside["evaluate"] = None
 
@@ -99,14 +100,14 @@ def test_over_budget_candidates_are_cut_before_running(mesh24, tmp_path, spy):
     result = ss.optimize(workload, mesh=mesh24, n_trials=10, memory_budget=budget,
                          storage=_storage(tmp_path), **FAST)
     cut = [t.outcome for t in result.trials
-           if t.outcome.status == "cut" and t.outcome.cut_stage in (1, 2)]
-    assert {o.cut_stage for o in cut} == {1, 2}
+           if t.outcome.status == "cut" and t.outcome.cut_stage in (Stage.CHECK, Stage.COMPILE)]
+    assert {o.cut_stage for o in cut} == {Stage.CHECK, Stage.COMPILE}
     for outcome in cut:
         assert "over the budget" in outcome.reason
         assert outcome.step_times == ()
         assert outcome.fingerprint not in spy["measured"]
     by_label = {t.label: t.outcome for t in result.trials}
-    assert by_label["replicated"].cut_stage == 1
+    assert by_label["replicated"].cut_stage is Stage.CHECK
     xla_totals = [t.outcome.memory["total"] for t in result.trials
                   if t.outcome.status == "complete"]
     assert xla_totals and max(xla_totals) <= budget

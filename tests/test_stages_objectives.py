@@ -29,13 +29,20 @@ def _storage(tmp_path):
 
 def test_stage_ints_labels_and_summary_keys_are_the_stored_ones():
     # Studies store the ints, plan files the labels, summaries the keys.
-    assert [(int(s), s.label, s.summary_key) for s in Stage] == [
+    assert [(s.id, s.label, s.summary_key) for s in Stage] == [
         (1, "check", "cut_check"), (2, "compile", "cut_compile"),
         (4, "estimate", "cut_estimate"), (3, "measure", "cut_measure")]
     for stage in Stage:
-        assert Stage(int(stage)) is stage
+        assert Stage.from_id(stage.id) is stage
         assert Stage.parse(stage.label) is stage
-        assert stage_label(int(stage)) == stage.label
+        assert stage_label(stage.id) == stage_label(stage) == stage.label
+    # Comparisons follow the pipeline, not the stored ids (estimate is 4, measure 3).
+    assert sorted(Stage, reverse=True) == list(Stage)[::-1]
+    assert Stage.ESTIMATE < Stage.MEASURE and [s.order for s in Stage] == [0, 1, 2, 3]
+    assert Stage.CHECK != 1  # a stored id is not a stage
+    with pytest.raises(ValueError, match=r"no evaluation stage stored as 5; the stored ids "
+                                         r"are \(1, 2, 4, 3\)"):
+        Stage.from_id(5)
     assert stage_label(None) is None
     with pytest.raises(ValueError, match=r"no evaluation stage labelled 'estimat'; the stages "
                                          r"are \('check', 'compile', 'estimate', 'measure'\)"):
@@ -45,7 +52,7 @@ def test_stage_ints_labels_and_summary_keys_are_the_stored_ones():
 
 def test_outcomes_keep_the_stored_form_and_check_status_against_stage():
     outcome = ss.Outcome("ab12", "cut", 2, "over the budget")
-    assert outcome.cut_stage is Stage.COMPILE and outcome.cut_stage == 2
+    assert outcome.cut_stage is Stage.COMPILE and outcome.cut_stage.id == 2
     assert outcome.status is CUT and outcome.status == "cut"
     data = outcome.to_json()
     assert (type(data["status"]), type(data["cut_stage"])) == (str, int)
@@ -53,7 +60,7 @@ def test_outcomes_keep_the_stored_form_and_check_status_against_stage():
     assert ss.Outcome.from_json(json.loads(json.dumps(data))) == outcome
     with pytest.raises(ValueError, match="the statuses are"):
         ss.Outcome("ab12", "pruned")
-    with pytest.raises(ValueError, match=r"cut_stage=7; the statuses .* stages \(1, 2, 4, 3\)"):
+    with pytest.raises(ValueError, match=r"cut_stage=7; the statuses .* stored ids \(1, 2, 4, 3\)"):
         ss.Outcome("ab12", CUT, 7)
     with pytest.raises(ValueError, match="a cut outcome names the stage"):
         ss.Outcome("ab12", CUT)

@@ -49,7 +49,7 @@ from ..search.evaluation.stages import COMPLETE, CUT, FAILED, Stage
 from ..search.export import export_config
 from ..search.loop import optimize
 from ..search.setup import make_context
-from ..search.space.baselines import baseline_candidates, discover
+from ..search.space.baselines import baseline_candidates
 from ..search.study.record import TrialRecord
 from ..search.study.storage import open_study
 from ..workloads import expert_plans, get_workload
@@ -232,9 +232,9 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     wall = time.perf_counter() - start
     log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
         f"{wall:.0f} s; comparing the plans")
-    ctx, _ = make_context(workload, None, mesh, memory_budget=budget["bytes"],
-                          objective=entry.objective, seed=entry.seed, warmup=suite.warmup,
-                          repeats=repeats, hardware=hardware, dcn_axes=entry.dcn_axes)
+    # The search's own context and baselines, evaluating in this process.
+    setup = result.setup
+    ctx = setup.local_context()
     known = {r.outcome.fingerprint: r.outcome for r in result.trials
              if r.outcome.fingerprint and not r.outcome.cache_hit}
     win_fp = _evaluate.fingerprint(result.best_specs)
@@ -245,10 +245,8 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     plans[0]["source"] = (f"search (trial {win_trial})" if result.best_label == "search"
                           else result.best_label)
     plans[0]["family"] = "logical" if result.best_rule.kind == "logical" else "rules"
-    logical = (None if entry.space == "rules"
-               else discover(workload.step, workload.abstract(), entry.space))
     hand_written = tuple(expert_plans(workload, mesh).plans)
-    for label, candidate in baseline_candidates(workload, mesh, None, logical).items():
+    for label, candidate in setup.baselines.items():
         specs, fp = _evaluate.resolve(candidate, ctx)
         # Plans the tool derives itself (from the step's logical axes) are
         # timed beside the experts' but are not counted as expert plans.

@@ -29,6 +29,7 @@ from .evaluation.objectives import OBJECTIVES
 from .evaluation.outcome import Outcome
 from .evaluation.stages import COMPLETE, stage_label
 from .space.baselines import START_PREFIX
+from .study import attrs as _attrs
 from .study.identity import check_workload
 from .study.ownership import INTERRUPTED
 from .study.record import TrialRecord, summarize
@@ -74,20 +75,20 @@ def export_config(
     study, records, summary = _gather(source)
     attrs = study.user_attrs
     where = f"study {study.study_name!r}"
-    if "mesh" not in attrs or not records:
+    if _attrs.MESH not in attrs or not records:
         raise ValueError(
             f"{where} has no shardsearch trials; export studies that shardsearch.optimize "
             "(or `shardsearch optimize`) ran")
     check_workload(study, workload, args)
     best = _best_record(records, summary, where)
     chosen = best if trial is None else _trial(records, trial, where)
-    mesh_axes = {str(k): int(v) for k, v in dict(attrs["mesh"]).items()}
+    mesh_axes = {str(k): int(v) for k, v in dict(attrs[_attrs.MESH]).items()}
     mesh = _mesh.abstract_mesh(tuple(mesh_axes.values()), tuple(mesh_axes))
     state_rule = rule_from_config(chosen.state_rule, mesh, f"{where} trial {chosen.number} "
                                   "state_rule")
     batch_rule = rule_from_config(chosen.batch_rule, mesh, f"{where} trial {chosen.number} "
                                   "batch_rule")
-    name = attrs.get("workload")
+    name = attrs.get(_attrs.WORKLOAD)
     if workload is None and args is None and name is not None:
         workload = _builtin_workload(name, where)
     config = plan_config(state_rule, batch_rule, mesh, args=args, workload=workload)
@@ -95,11 +96,11 @@ def export_config(
     return {
         **config,
         "search": {"study": study.study_name, "workload": name,
-                   "objective": attrs.get("objective"), "seed": attrs.get("seed"),
-                   "sampler": attrs.get("sampler"), "budget": attrs.get("budget")},
-        "hardware": attrs.get("hardware"),
+                   "objective": attrs.get(_attrs.OBJECTIVE), "seed": attrs.get(_attrs.SEED),
+                   "sampler": attrs.get(_attrs.SAMPLER), "budget": attrs.get(_attrs.BUDGET)},
+        "hardware": attrs.get(_attrs.HARDWARE),
         "versions": versions(),
-        "results": _results(chosen, records, summary, is_best, attrs.get("objective"),
+        "results": _results(chosen, records, summary, is_best, attrs.get(_attrs.OBJECTIVE),
                             "best" if trial is None else "trial"),
     }
 
@@ -109,7 +110,7 @@ def _gather(source: Any) -> tuple[optuna.Study, list[TrialRecord], dict[str, Any
     if isinstance(source, optuna.Study):
         records = [r for t in source.get_trials(deepcopy=False)
                    if (r := TrialRecord.from_trial(t)) is not None]
-        return source, records, source.user_attrs.get("result")
+        return source, records, source.user_attrs.get(_attrs.RESULT)
     # An OptimizeResult, recognised by what it carries: `search.result` imports
     # this module for `OptimizeResult.export`, so this one cannot import it back.
     if isinstance(getattr(source, "study", None), optuna.Study) and hasattr(source, "trials"):

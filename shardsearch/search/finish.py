@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import optuna
 
 from ..base import mesh as _mesh
 from ..rules.base import rule_from_config
 from .evaluation import confirm as _confirm
-from .evaluation import evaluate as _evaluate
-from .evaluation.context import Context
 from .evaluation.stages import COMPLETE
 from .result import OptimizeResult
-from .space.baselines import baseline_candidates
+from .setup import StudySetup
 from .space.candidate import Candidate
 from .study.record import TrialRecord
 
@@ -29,19 +29,38 @@ from .study.record import TrialRecord
 CONFIRM_WITHIN = 1.5
 
 
-def finish(runner: Any, workload: Any, mesh: Any, rounds: int) -> OptimizeResult:
-    """The search's result from the runner's records (`search.loop`): the
-    finalists re-timed in `rounds` interleaved rounds when the objective
-    confirms, the winner picked, its outputs checked against replicated.
+def finish(
+    setup: StudySetup,
+    study: optuna.Study,
+    records: list[TrialRecord],
+    rounds: int,
+    specs: dict[str, tuple[Any, ...]] | None = None,
+    candidates: Mapping[int, Candidate] | None = None,
+) -> OptimizeResult:
+    """The search's result from its records: the finalists re-timed in
+    `rounds` interleaved rounds when the objective confirms, the winner
+    picked, its outputs checked against replicated.
+
+    Args:
+      setup: the study's setup (context, replicated reference).
+      study, records: the study and every trial's record, in order.
+      rounds: interleaved re-timing rounds (0: none).
+      specs: spec trees by fingerprint that this run resolved (the search
+        loop's); filled in here for finalists it lacks.
+      candidates: candidates by trial number that this run evaluated; used
+        as they are. Trials of an earlier run or another worker, which the
+        study holds as JSON only, are rebuilt from their stored rules.
 
     Raises:
       RuntimeError: no candidate completed.
     """
-    ctx, records = runner.ctx, runner.records
+    ctx, mesh = setup.context, setup.context.mesh
+    specs = {} if specs is None else specs
+    candidates = candidates or {}
     complete = [r for r in records if r.outcome.status == COMPLETE]
     if not complete:
         raise RuntimeError(
-            f"no candidate completed in study {runner.study.study_name!r}: "
+            f"no candidate completed in study {study.study_name!r}: "
             + "; ".join(sorted({r.outcome.reason for r in records})[:3])
             + " — raise the budget, n_trials or compile_timeout")
     by_fp: dict[str, TrialRecord] = {}
@@ -65,31 +84,34 @@ def finish(runner: Any, workload: Any, mesh: Any, rounds: int) -> OptimizeResult
             finalists.append(r)
             seen.add(r.outcome.fingerprint)
     for r in finalists:
-        runner.specs.setdefault(r.outcome.fingerprint, _respecs(r, mesh, ctx))
+        if r.outcome.fingerprint not in specs:
+            specs[r.outcome.fingerprint] = _stored_candidate(r, mesh).specs(ctx.abstract_args)
     confirmation: dict[str, Any] = {}
     verdict = "unconfirmed"
     winner = finalists[0]
     if ctx.objective.confirms and rounds > 0 and len(finalists) > 1:
-        labelled = [(_name(r), runner.specs[r.outcome.fingerprint]) for r in finalists]
+        labelled = [(_name(r), specs[r.outcome.fingerprint]) for r in finalists]
         confirmation = _confirm.retime(labelled, ctx, rounds)
         base_fps = {r.outcome.fingerprint for r in base_records}
         winner, verdict = pick_winner(
             [(r, confirmation[_name(r)].times, r.outcome.fingerprint in base_fps,
               r.outcome.memory.get("total")) for r in finalists])
-    best_specs = runner.specs[winner.outcome.fingerprint]
+    best_specs = specs[winner.outcome.fingerprint]
     outputs_match = worst = None
     if ctx.objective.confirms:
-        reference = _evaluate.resolve(baseline_candidates(None, mesh)["replicated"], ctx)[0]
-        outputs_match, worst = _confirm.compare_outputs(best_specs, reference, ctx)
+        outputs_match, worst = _confirm.compare_outputs(best_specs, setup.reference_specs, ctx)
     best_time = (confirmation[_name(winner)].median if confirmation else winner.outcome.value)
+    # The winner as this run evaluated it; a record that only the study holds
+    # (an earlier run's, another worker's) is rebuilt from its stored rules.
+    best = candidates.get(winner.number) or _stored_candidate(winner, mesh)
     return OptimizeResult(
-        best_rule=rule_from_config(winner.state_rule, mesh),
-        best_batch_rule=rule_from_config(winner.batch_rule, mesh),
+        best_rule=best.state_rule,
+        best_batch_rule=best.batch_rule,
         best_label=winner.label, best_specs=best_specs, best_time=best_time,
         baselines=baselines, confirmation=confirmation, verdict=verdict,
         outputs_match=outputs_match, max_relative_error=worst, trials=records,
-        study=runner.study, objective=ctx.objective.name, budget=ctx.budget,
-        mesh_axes=_mesh.axis_sizes(mesh), compiles=ctx.compiles)
+        study=study, objective=ctx.objective.name, budget=ctx.budget,
+        mesh_axes=_mesh.axis_sizes(mesh), compiles=ctx.compiles, setup=setup)
 
 
 def pick_winner(
@@ -145,8 +167,7 @@ def _name(record: TrialRecord) -> str:
     return record.label if record.label != "search" else f"trial {record.number}"
 
 
-def _respecs(record: TrialRecord, mesh: Any, ctx: Context) -> tuple[Any, ...]:
-    """Spec trees of a stored trial (a resumed study has only its rules)."""
-    candidate = Candidate(rule_from_config(record.state_rule, mesh),
-                          rule_from_config(record.batch_rule, mesh), record.label)
-    return candidate.specs(ctx.abstract_args)
+def _stored_candidate(record: TrialRecord, mesh: Any) -> Candidate:
+    """The candidate of a stored trial, from its rules as the study holds them."""
+    return Candidate(rule_from_config(record.state_rule, mesh),
+                     rule_from_config(record.batch_rule, mesh), record.label)

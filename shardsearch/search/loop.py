@@ -14,29 +14,23 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import optuna
 
 from ..base import mesh as _mesh
-from ..base import tree as _tree
-from ..cost.hardware import HardwareModel
-from ..rules.base import ShardingRule
 from .evaluation import evaluate as _evaluate
-from .evaluation.context import EXECUTE_TIMEOUT, Context
-from .evaluation.objectives import Objective
 from .evaluation.outcome import Outcome
 from .evaluation.stages import COMPLETE, CUT, Stage
 from .execution import distributed as _distributed
 from .execution.lockstep import Lockstep
 from .finish import finish
 from .result import OptimizeResult
-from .setup import make_context
-from .space.baselines import baseline_candidates, make_space, start_candidates
+from .setup import SearchSettings, StudySetup, make_context, prepare, start_executor
+from .space.baselines import start_candidates
 from .space.candidate import Candidate
-from .space.searchspace import SearchSpace
+from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
 from .study.identity import bind_study, identity_of
 from .study.ownership import (
@@ -46,10 +40,9 @@ from .study.ownership import (
     interrupts_deferred,
     mark_interrupted,
 )
-from .study.record import TrialRecord, outcome_attrs, recorded_estimates
+from .study.record import TrialRecord, record_attrs, recorded_estimates
 from .study.storage import (
     SAMPLER,
-    check_study_name,
     close_storage,
     make_sampler,
     open_study,
@@ -57,47 +50,19 @@ from .study.storage import (
 )
 
 
-def _study_name(label: str, mesh: Any, objective: str, abstract_args: Any) -> str:
-    fp = _evaluate.fingerprint((_as_specs_of_shapes(abstract_args),))
-    axes = ",".join(f"{a}={s}" for a, s in _mesh.axis_sizes(mesh).items())
-    return f"{label}@{axes}/{objective}/{fp[:8]}"
-
-
-def _as_specs_of_shapes(tree: Any) -> Any:
-    # A tree of shape strings hashed like specs gives a stable id of the arguments.
-    return jax.tree.map(lambda x: f"{_tree.leaf_shape(x)}:{_tree.leaf_dtype(x)}", tree)
-
-
 def optimize(
     step: Any,
     args: Sequence[Any] | None = None,
     *,
     mesh: jax.sharding.Mesh,
-    n_trials: int = 40,
-    timeout: float | None = None,
-    memory_budget: int | str | None = None,
-    objective: str | Objective = "measured",
-    storage: str | None = None,
-    study_name: str | None = None,
-    seed: int = 0,
-    warm_start: bool = True,
-    start_from: Sequence[str | Path] = (),
-    extra_rules: Mapping[str, ShardingRule] | None = None,
-    warmup: int = 2,
-    repeats: int = 7,
-    confirm_rounds: int = 10,
-    compile_timeout: float = 600.0,
-    hardware: HardwareModel | None = None,
-    compile_cache: str | Path | None = None,
-    quiet: bool = False,
-    space: str = "both",
-    isolate: bool | None = None,
-    execute_timeout: float = EXECUTE_TIMEOUT,
-    verbose: bool = False,
-    dcn_axes: Sequence[str] = (),
-    distributed: _distributed.Distributed | None = None,
+    settings: SearchSettings | None = None,
+    **options: Any,
 ) -> OptimizeResult | None:
     """Searches rule parameters for the fastest sharding of `step` on `mesh`.
+
+    Every option is a field of `SearchSettings`: pass them as keywords
+    (`optimize(step, mesh=mesh, n_trials=20)`), or whole (`settings=`), or
+    both (the keywords replace the settings' fields).
 
     Args:
       step: `step(state, *batch) -> (state, metrics)`, or a `Workload` (then
@@ -105,6 +70,7 @@ def optimize(
       args: `(state, *batch)`: arrays, or ShapeDtypeStructs for an objective
         that runs nothing ("static").
       mesh: the concrete mesh to compile and run on.
+      settings: a `SearchSettings`; the fields below are its fields.
       n_trials: new trials to run in this call (warm-start baselines included).
       timeout: seconds; the search stops at whichever limit comes first.
       memory_budget: per-device bytes or a string like "16GiB"; default:
@@ -185,88 +151,42 @@ def optimize(
       KeyboardInterrupt: Ctrl-C (or the CLI's SIGTERM); the running trial is
         first failed with the reason "interrupted" and the storage closed.
     """
-    if n_trials < 0 or (timeout is not None and timeout <= 0):
-        raise ValueError(f"optimize: need n_trials >= 0 and timeout > 0, got {n_trials=}, "
-                         f"{timeout=}")
-    if study_name is not None:
-        check_study_name(study_name)  # before the default could stand in for ""
-    if compile_cache is not None:
-        use_compile_cache(compile_cache)
-    lockstep = _distributed.settings(distributed, isolate)
+    settings = SearchSettings.build(settings, options)
+    if settings.compile_cache is not None:
+        use_compile_cache(settings.compile_cache)
+    lockstep = _distributed.settings(settings.distributed, settings.isolate)
     if lockstep is not None:
-        isolate = False
-    starts = start_candidates(start_from, mesh)  # a bad file fails before anything runs
-    ctx, workload = make_context(
-        step, args, mesh, memory_budget=memory_budget, objective=objective, seed=seed,
-        warmup=warmup, repeats=repeats, compile_timeout=compile_timeout, hardware=hardware,
-        isolate=isolate, execute_timeout=execute_timeout, verbose=verbose,
-        dcn_axes=dcn_axes)
+        settings = dataclasses.replace(settings, isolate=False)
+    starts = start_candidates(settings.start_from, mesh)  # a bad file fails before anything runs
+    ctx, workload = make_context(step, args, mesh, settings)
     if lockstep is not None:
         # Process 0 runs the search; the others run its jobs until it ends.
-        ctx.isolation = Lockstep(ctx, lockstep)
-        if not ctx.isolation.leader:
+        ctx.executor = Lockstep(ctx, lockstep)
+        if not ctx.executor.leader:
             with ctx:
-                ctx.isolation.follow(ctx)
+                ctx.executor.follow(ctx)
             return None
     # The worker process, if one starts, ends with the search, however it ends.
     with ctx:
-        # Starts the worker, then runs the replicated plan's first steps: a step that
-        # gives NaN or Inf even there is broken itself, and no trial should run.
-        _evaluate.preflight(ctx, _evaluate.resolve(
-            baseline_candidates(None, mesh)["replicated"], ctx)[0])
-        step, abstract_args, budget = ctx.step, ctx.abstract_args, ctx.budget
-        n_devices = _mesh.device_count(mesh)
-
-        space = make_space(mesh, abstract_args[0], budget, extra_rules, space=space, step=step,
-                           args=abstract_args)
-        label = workload.name if workload is not None else getattr(step, "__name__", "step")
-        scorer = ctx.objective
-        name = study_name or (_study_name(label, mesh, scorer.name, abstract_args)
-                              + ("" if space.space == "rules" else f"/{space.space}"))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            pruner = (optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
-                      if scorer.prunes_while_timing else optuna.pruners.NopPruner())
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = open_study(storage, name, make_sampler(seed), pruner)
-        # Before any write: a study resumes only the search that started it.
-        bind_study(study, identity_of(workload, abstract_args, mesh, scorer.name, space.space))
-        fail_stale_trials(study)  # the RUNNING trials of runs that died become "interrupted"
-        device = mesh.devices.flat[0]
-        hardware_attr = {"platform": device.platform, "device_kind": device.device_kind,
-                         "device_count": n_devices}
-        if scorer.uses_hardware:
-            # Which model the estimates came from, and the axes it took as crossing hosts.
-            hardware_attr |= {"model": ctx.hardware_model().name,
-                              "dcn_axes": list(ctx.dcn_axes)}
-        # What `shardsearch export` needs to rebuild the plan without this process.
-        for key, value in {
-            "workload": workload.name if workload is not None else None,
-            "mesh": _mesh.axis_sizes(mesh), "objective": scorer.name, "budget": budget,
-            "space": space.space,
-            "seed": seed, "sampler": SAMPLER, "hardware": hardware_attr,
-        }.items():
-            study.set_user_attr(key, value)
-        # A run that dies before finishing must not leave an older run's winner
-        # looking current to `shardsearch export`.
-        study.set_user_attr("result", None)
-
-        runner = _Runner(study, ctx, space, quiet)
-        baselines = (baseline_candidates(workload, mesh, abstract_args, space.logical)
-                     if warm_start else {})
-        # Start plans right after replicated (the reference): asked for by name,
-        # they run even when the trials end before the expert plans do.
-        reference = {k: c for k, c in baselines.items() if k == "replicated"}
-        baselines = reference | starts | baselines
+        start_executor(ctx)
+        setup = prepare(ctx, workload, settings, starts)
+        # A step that gives NaN or Inf even under the replicated plan is broken
+        # itself, and no trial should run.
+        _evaluate.preflight(ctx, setup.reference_specs)
+        study = _open(setup)
+        runner = _Runner(study, setup)
         # The workers sharing the study: the last one to finish confirms.
-        roster = Roster(study) if scorer.confirms and confirm_rounds else None
+        roster = (Roster(study) if ctx.objective.confirms and settings.confirm_rounds
+                  else None)
         try:
             with roster or contextlib.nullcontext():
-                runner.run(baselines, n_trials, timeout, roster)
+                runner.run(setup.run_order(), settings.n_trials, settings.timeout, roster)
                 confirmed_by = roster.turn() if roster is not None else None
             runner.add_others()  # what other workers recorded meanwhile
-            result = finish(runner, workload, mesh, 0 if confirmed_by in (
-                CONFIRM_LEFT, CONFIRMED_ELSEWHERE) else confirm_rounds)
+            rounds = (0 if confirmed_by in (CONFIRM_LEFT, CONFIRMED_ELSEWHERE)
+                      else settings.confirm_rounds)
+            result = finish(setup, study, runner.records, rounds, runner.specs,
+                            runner.candidates)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the CLI: the process is ending
             close_storage(study)
             raise
@@ -274,20 +194,60 @@ def optimize(
     summary = result.to_json()
     del summary["trials"]  # every trial already carries its own record
     if confirmed_by != CONFIRMED_ELSEWHERE:  # that worker writes the result
-        study.set_user_attr("result", summary)
+        study.set_user_attr(attrs.RESULT, summary)
     return result
+
+
+def _open(setup: StudySetup) -> optuna.Study:
+    """Opens (or creates) the study, checks that it searched what this run
+    searches, and records what `shardsearch export` needs."""
+    ctx, settings, space = setup.context, setup.settings, setup.space
+    scorer, mesh = ctx.objective, ctx.mesh
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        pruner = (optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
+                  if scorer.prunes_while_timing else optuna.pruners.NopPruner())
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = open_study(settings.storage, setup.study_name, make_sampler(settings.seed), pruner)
+    # Before any write: a study resumes only the search that started it.
+    bind_study(study, identity_of(setup.workload, ctx.abstract_args, mesh, scorer.name,
+                                  space.space))
+    fail_stale_trials(study)  # the RUNNING trials of runs that died become "interrupted"
+    device = mesh.devices.flat[0]
+    hardware = {"platform": device.platform, "device_kind": device.device_kind,
+                "device_count": _mesh.device_count(mesh)}
+    if scorer.uses_hardware:
+        # Which model the estimates came from, and the axes it took as crossing hosts.
+        hardware |= {"model": ctx.hardware_model().name, "dcn_axes": list(ctx.dcn_axes)}
+    # What `shardsearch export` needs to rebuild the plan without this process.
+    for key, value in {
+        attrs.WORKLOAD: setup.workload.name if setup.workload is not None else None,
+        attrs.MESH: _mesh.axis_sizes(mesh), attrs.OBJECTIVE: scorer.name,
+        attrs.BUDGET: ctx.budget, attrs.SPACE: space.space, attrs.SEED: settings.seed,
+        attrs.SAMPLER: SAMPLER, attrs.HARDWARE: hardware,
+    }.items():
+        study.set_user_attr(key, value)
+    # A run that dies before finishing must not leave an older run's winner
+    # looking current to `shardsearch export`.
+    study.set_user_attr(attrs.RESULT, None)
+    return study
 
 
 class _Runner:
     """The propose → evaluate → record loop over one study."""
 
-    def __init__(self, study: optuna.Study, ctx: Context, space: SearchSpace, quiet: bool):
-        self.study, self.ctx, self.space, self.quiet = study, ctx, space, quiet
+    def __init__(self, study: optuna.Study, setup: StudySetup):
+        self.study, self.setup = study, setup
+        self.ctx, self.space, self.quiet = setup.context, setup.space, setup.settings.quiet
         self.cache: dict[str, Outcome] = {}
+        # What this run evaluated (spec trees by fingerprint, candidates by trial):
+        # the finish re-times and returns these instead of rebuilding them from
+        # the rules the study stores.
         self.specs: dict[str, tuple[Any, ...]] = {}
+        self.candidates: dict[int, Candidate] = {}  # by trial number
         self.records: list[TrialRecord] = []
         # A fingerprint is compiled once across the workers sharing the study.
-        self.claims = CompileClaims(study, wait=2 * ctx.compile_timeout)
+        self.claims = CompileClaims(study, wait=2 * self.ctx.compile_timeout)
         for trial in study.get_trials(deepcopy=False):
             record = TrialRecord.from_trial(trial)
             if record is not None:
@@ -363,22 +323,18 @@ class _Runner:
             self.cache[fp] = other
         else:
             report = None if baseline else _reporter(trial)
-            if self.ctx.objective.needs_estimates:
-                # From the study, not this process's records: a resumed study and
-                # the other processes sharing it count too.
-                self.ctx.estimates = recorded_estimates(self.study.get_trials(deepcopy=False))
-            lockstep = self.ctx.isolation if isinstance(self.ctx.isolation, Lockstep) else None
-            if lockstep is not None:
-                # Recorded from the watchdog if the processes end stuck in this candidate.
-                lockstep.abandon = lambda failed: self.record(trial, candidate, failed, start)
-            try:
-                outcome = _evaluate.evaluate(specs, fp, self.ctx, report)
-            finally:
-                if lockstep is not None:
-                    lockstep.abandon = None
+            # From the study, not this process's records: a resumed study and
+            # the other processes sharing it count too.
+            estimates = (recorded_estimates(self.study.get_trials(deepcopy=False))
+                         if self.ctx.objective.needs_estimates else ())
+            # Recorded by the executor if it ends stuck in this candidate.
+            with self.ctx.executor.guard(
+                    lambda failed: self.record(trial, candidate, failed, start)):
+                outcome = _evaluate.evaluate(specs, fp, self.ctx, report, estimates=estimates)
             self.cache[fp] = outcome
         if specs is not None:
             self.specs.setdefault(fp, specs)
+        self.candidates[trial.number] = candidate
         return self.record(trial, candidate, outcome, start)            # record
 
     def record(self, trial: optuna.Trial, candidate: Candidate, outcome: Outcome,
@@ -386,15 +342,9 @@ class _Runner:
         record = TrialRecord(trial.number, candidate.label, dict(trial.params), outcome,
                              candidate.state_rule.to_config(), candidate.batch_rule.to_config(),
                              time.perf_counter() - start)
-        trial.set_user_attr("seconds", record.seconds)
-        trial.set_user_attr("label", record.label)
-        for key, value in outcome_attrs(outcome).items():  # "outcome", "estimate", ...
+        for key, value in (record_attrs(record)
+                           | self.ctx.executor.trial_attrs(outcome)).items():
             trial.set_user_attr(key, value)
-        trial.set_user_attr("state_rule", record.state_rule)
-        trial.set_user_attr("batch_rule", record.batch_rule)
-        if isinstance(self.ctx.isolation, Lockstep):  # each process's times
-            for key, value in self.ctx.isolation.trial_attrs(outcome).items():
-                trial.set_user_attr(key, value)
         if outcome.status == COMPLETE:
             self.study.tell(trial, outcome.value)
         elif outcome.status == CUT:

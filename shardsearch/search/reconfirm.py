@@ -11,7 +11,6 @@ here ("confirmed_by").
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import jax
@@ -20,7 +19,8 @@ from ..base import mesh as _mesh
 from .evaluation.objectives import get_objective
 from .finish import finish
 from .result import OptimizeResult
-from .setup import make_context
+from .setup import SearchSettings, make_context, prepare
+from .study import attrs as _attrs
 from .study.identity import check_workload
 from .study.record import TrialRecord
 from .study.storage import open_study
@@ -66,14 +66,14 @@ def confirm_study(
     study = open_study(storage, study_name, create=False)
     attrs = study.user_attrs
     where = f"study {study_name!r}"
-    if "mesh" not in attrs or "objective" not in attrs:
+    if _attrs.MESH not in attrs or _attrs.OBJECTIVE not in attrs:
         raise ValueError(f"{where} has no shardsearch attributes; confirm studies that "
                          "`shardsearch optimize` ran")
-    objective = get_objective(attrs["objective"])
+    objective = get_objective(attrs[_attrs.OBJECTIVE])
     if not objective.confirms:
         raise ValueError(f"{where} used objective {objective.name!r}, which re-times "
                          "nothing; its result needs no confirmation")
-    recorded = {str(k): int(v) for k, v in dict(attrs["mesh"]).items()}
+    recorded = {str(k): int(v) for k, v in dict(attrs[_attrs.MESH]).items()}
     if _mesh.axis_sizes(mesh) != recorded:
         raise ValueError(
             f"{where} searched mesh {_axes(recorded)}; this mesh is "
@@ -81,24 +81,25 @@ def confirm_study(
     if workload is None:
         from .export import _builtin_workload
 
-        if attrs.get("workload") is None:
+        if attrs.get(_attrs.WORKLOAD) is None:
             raise ValueError(f"{where} searched a raw step; confirm it from Python with its "
                              "workload")
-        workload = _builtin_workload(attrs["workload"], where)
+        workload = _builtin_workload(attrs[_attrs.WORKLOAD], where)
     check_workload(study, workload, None)
-    ctx, workload = make_context(workload, None, mesh, memory_budget=attrs.get("budget"),
-                                 objective=objective, seed=attrs.get("seed") or 0,
-                                 warmup=warmup, repeats=repeats)
+    # The rules space needs no logical axes: the finalists come from the study.
+    settings = SearchSettings(memory_budget=attrs.get(_attrs.BUDGET), objective=objective,
+                              seed=attrs.get(_attrs.SEED) or 0, warmup=warmup,
+                              repeats=repeats, space="rules", study_name=study_name,
+                              isolate=False)
+    ctx, workload = make_context(workload, None, mesh, settings)
     records = [r for t in study.get_trials(deepcopy=False)
                if (r := TrialRecord.from_trial(t)) is not None]
-    # What `finish` reads of the search loop's runner.
-    runner = types.SimpleNamespace(ctx=ctx, records=records, study=study, specs={})
     with ctx:
-        result = finish(runner, workload, mesh, rounds)
+        result = finish(prepare(ctx, workload, settings, {}), study, records, rounds)
     result.confirmed_by = CONFIRMED_BY_COMMAND
     summary = result.to_json()
     del summary["trials"]
-    study.set_user_attr("result", summary)
+    study.set_user_attr(_attrs.RESULT, summary)
     return result
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -15,6 +15,9 @@ from ..rules.base import ShardingRule
 from .evaluation.confirm import Timing
 from .export import export_config
 from .study.record import TrialRecord, summarize
+
+if TYPE_CHECKING:
+    from .setup import StudySetup
 
 
 @dataclasses.dataclass
@@ -45,6 +48,10 @@ class OptimizeResult:
       confirmed_by: who re-timed the finalists when the objective re-times
         them and workers share the study (`search.claims`): "the last worker
         to finish", or that this worker left it to another; None otherwise.
+      setup: the study's `StudySetup` (its context, space, baselines and
+        replicated reference), so that a benchmark or an export reuses them
+        rather than tracing the step again; None for a result rebuilt
+        elsewhere (`shardsearch confirm`).
     """
 
     best_rule: ShardingRule
@@ -64,6 +71,7 @@ class OptimizeResult:
     mesh_axes: dict[str, int]
     compiles: int
     confirmed_by: str | None = None
+    setup: StudySetup | None = dataclasses.field(default=None, repr=False)
 
     def summary(self) -> dict[str, int]:
         """Trials by outcome: completed, cut at each stage, failed, cache hits."""

@@ -1,14 +1,22 @@
-"""What `optimize` does before its first trial: check the step, arguments and
-mesh, and build the evaluation context.
+"""What `optimize` does before its first trial, as values: the settings of a
+search, the checked context, and the study's setup.
 
-`make_context` is public so benchmarks and studies can evaluate hand-picked
-candidates the same way the search does.
+- `SearchSettings`: every option of `optimize`, frozen and checked when built.
+- `make_context`: the step, arguments and mesh checked, the evaluation
+  `Context` built, with its executor (`search.execution`). Public so
+  benchmarks and studies can evaluate hand-picked candidates the same way.
+- `StudySetup`: what is fixed for one study once the context exists (the
+  space, the baselines, the replicated reference, the study's name), built
+  once by `prepare` and carried to `finish`, the result and the benchmarks,
+  so none of them re-traces the step or rebuilds the baselines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -18,8 +26,195 @@ from ..base import mesh as _mesh
 from ..base import tree as _tree
 from ..base.units import parse_bytes
 from ..cost.hardware import HardwareModel
+from ..rules.base import ShardingRule
+from .evaluation import evaluate as _evaluate
 from .evaluation.context import EXECUTE_TIMEOUT, Context
 from .evaluation.objectives import OBJECTIVES, Objective, get_objective
+from .execution.distributed import Distributed
+from .execution.inprocess import InProcess
+from .space.baselines import baseline_candidates, make_space
+from .space.candidate import Candidate
+from .space.logical import SPACES
+from .space.searchspace import SearchSpace
+from .study.storage import check_study_name
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+    """How one search runs: every option of `optimize`, checked when built.
+
+    `optimize(step, mesh=mesh, n_trials=20)` builds one from its keywords;
+    `optimize(step, mesh=mesh, settings=s)` takes one whole, and keywords
+    given beside it replace its fields (`dataclasses.replace`). The fields
+    and their meaning are `optimize`'s arguments of the same names.
+
+    Example:
+      >>> s = SearchSettings(n_trials=8, objective="static", dcn_axes=["dp"])
+      >>> s.dcn_axes, dataclasses.replace(s, seed=1).seed
+      (('dp',), 1)
+
+    Raises:
+      ValueError: a field out of range (`n_trials < 0`, `timeout <= 0`, an
+        empty study name, an unknown space, `dcn_axes` that are not names,
+        `execute_timeout <= 0`, negative warmup or confirm rounds, repeats < 1).
+    """
+
+    n_trials: int = 40
+    timeout: float | None = None
+    memory_budget: int | str | None = None
+    objective: str | Objective = "measured"
+    storage: str | None = None
+    study_name: str | None = None
+    seed: int = 0
+    warm_start: bool = True
+    start_from: tuple[str | os.PathLike[str], ...] = ()
+    extra_rules: Mapping[str, ShardingRule] | None = None
+    warmup: int = 2
+    repeats: int = 7
+    confirm_rounds: int = 10
+    compile_timeout: float = 600.0
+    hardware: HardwareModel | None = None
+    compile_cache: str | os.PathLike[str] | None = None
+    quiet: bool = False
+    space: str = "both"
+    isolate: bool | None = None
+    execute_timeout: float = EXECUTE_TIMEOUT
+    verbose: bool = False
+    dcn_axes: tuple[str, ...] = ()
+    distributed: Distributed | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_trials < 0 or (self.timeout is not None and self.timeout <= 0):
+            raise ValueError(f"optimize: need n_trials >= 0 and timeout > 0, got "
+                             f"n_trials={self.n_trials}, timeout={self.timeout}")
+        if self.study_name is not None:
+            check_study_name(self.study_name)  # before the default could stand in for ""
+        if self.space not in SPACES:
+            raise ValueError(f"space={self.space!r}; choose one of {SPACES}")
+        if not self.execute_timeout > 0:
+            raise ValueError(f"optimize: execute_timeout must be a positive number of "
+                             f"seconds, got {self.execute_timeout!r}")
+        if self.warmup < 0 or self.repeats < 1 or self.confirm_rounds < 0:
+            raise ValueError(
+                f"optimize: need warmup >= 0, repeats >= 1 and confirm_rounds >= 0, got "
+                f"warmup={self.warmup}, repeats={self.repeats}, "
+                f"confirm_rounds={self.confirm_rounds}")
+        dcn = self.dcn_axes
+        if isinstance(dcn, str) or not all(isinstance(a, str) for a in dcn):
+            raise ValueError(f"optimize: dcn_axes={dcn!r}; give a sequence of mesh axis "
+                             f"names, e.g. ('dp',)")
+        # A single path is one plan file, not a sequence of characters.
+        starts = self.start_from
+        starts = (starts,) if isinstance(starts, str | os.PathLike) else tuple(starts)
+        object.__setattr__(self, "start_from", starts)
+        object.__setattr__(self, "dcn_axes", tuple(dcn))
+
+    @classmethod
+    def build(cls, settings: SearchSettings | None, options: Mapping[str, Any],
+              **defaults: Any) -> SearchSettings:
+        """`settings` with `options` replacing its fields, or new settings from
+        `defaults` and `options`.
+
+        Raises:
+          TypeError: an option that is not a field, as Python says of an
+            unknown keyword.
+        """
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise TypeError(f"optimize() got unexpected keyword argument(s) {unknown}; the "
+                            f"settings are {sorted(fields)}")
+        if settings is None:
+            return cls(**(defaults | dict(options)))
+        return dataclasses.replace(settings, **options) if options else settings
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySetup:
+    """What is fixed for one study once its context is built.
+
+    Attributes:
+      context: the checked step, arguments, mesh, budget and executor.
+      workload: the `Workload` searched, or None for a plain step.
+      settings: the search's settings.
+      space: the search space (its logical axes discovered once, here).
+      baselines: every warm-start baseline by label (`baseline_plans`), in
+        order: replicated first; whether they run is `settings.warm_start`.
+      starts: the start plans (`optimize(start_from=...)`) by label.
+      reference_specs: the replicated plan's spec trees on the context's
+        arguments: the reference the first steps and the winner's outputs
+        are checked against.
+      study_name: the study's name (given, or derived from the step, mesh,
+        objective, shapes and space).
+    """
+
+    context: Context
+    workload: Any
+    settings: SearchSettings
+    space: SearchSpace
+    baselines: Mapping[str, Candidate]
+    starts: Mapping[str, Candidate]
+    reference_specs: tuple[Any, ...]
+    study_name: str
+
+    @property
+    def label(self) -> str:
+        """The workload's name, or the step function's."""
+        if self.workload is not None:
+            return self.workload.name
+        return getattr(self.context.step, "__name__", "step")
+
+    def run_order(self) -> dict[str, Candidate]:
+        """The baselines this search runs, in order: replicated (the reference),
+        then the start plans (asked for by name, so they run even when the
+        trials end before the experts do), then the rest when warm-starting."""
+        if not self.settings.warm_start:
+            return dict(self.starts)
+        reference = {k: c for k, c in self.baselines.items() if k == "replicated"}
+        return reference | dict(self.starts) | dict(self.baselines)
+
+    def local_context(self) -> Context:
+        """The context with its compile count reset, evaluating in this process
+        (what a benchmark uses to time plans beside the search's winner)."""
+        return dataclasses.replace(self.context, executor=InProcess(), compiles=0)
+
+
+def prepare(ctx: Context, workload: Any, settings: SearchSettings,
+            starts: Mapping[str, Candidate]) -> StudySetup:
+    """The study's setup on a built context: discovers the logical axes once
+    (when the space needs them), builds the baselines and the reference, and
+    names the study."""
+    abstract_args, mesh = ctx.abstract_args, ctx.mesh
+    space = make_space(mesh, abstract_args[0], ctx.budget, settings.extra_rules,
+                       space=settings.space, step=ctx.step, args=abstract_args)
+    baselines = baseline_candidates(workload, mesh, abstract_args, space.logical)
+    reference = _evaluate.resolve(baselines["replicated"], ctx)[0]
+    label = workload.name if workload is not None else getattr(ctx.step, "__name__", "step")
+    name = settings.study_name or (
+        study_name(label, mesh, ctx.objective.name, abstract_args)
+        + ("" if space.space == "rules" else f"/{space.space}"))
+    return StudySetup(ctx, workload, settings, space, baselines, dict(starts), reference, name)
+
+
+def study_name(label: str, mesh: Any, objective: str, abstract_args: Any) -> str:
+    """The default study name: `<label>@<axes>/<objective>/<hash of the shapes>`."""
+    from .evaluation.outcome import fingerprint
+
+    shapes = jax.tree.map(lambda x: f"{_tree.leaf_shape(x)}:{_tree.leaf_dtype(x)}",
+                          abstract_args)
+    axes = ",".join(f"{a}={s}" for a, s in _mesh.axis_sizes(mesh).items())
+    return f"{label}@{axes}/{objective}/{fingerprint((shapes,))[:8]}"
+
+
+def start_executor(ctx: Context) -> None:
+    """Starts the context's executor before the first trial; one that cannot
+    start (a worker, when isolation was not forced) gives way to `InProcess`.
+
+    Raises:
+      ValueError: a forced worker did not start.
+    """
+    if not ctx.executor.start():
+        ctx.executor = InProcess()
 
 
 def _as_abstract(tree: Any) -> Any:
@@ -97,26 +292,17 @@ def make_context(
     step: Any,
     args: Sequence[Any] | None,
     mesh: jax.sharding.Mesh,
-    *,
-    memory_budget: int | str | None = None,
-    objective: str | Objective = "measured",
-    seed: int = 0,
-    warmup: int = 2,
-    repeats: int = 7,
-    compile_timeout: float = 600.0,
-    hardware: HardwareModel | None = None,
-    isolate: bool | None = False,
-    execute_timeout: float = EXECUTE_TIMEOUT,
-    verbose: bool = False,
-    dcn_axes: Sequence[str] = (),
+    settings: SearchSettings | None = None,
+    **options: Any,
 ) -> tuple[Context, Any]:
     """Checks a step, its arguments and a mesh, and builds the evaluation context.
 
     What `optimize` does before its first trial, available on its own to
     evaluate hand-picked candidates (benchmarks, studies) the same way.
-    The options are as for `optimize` (the default budget, `hardware` and
-    `dcn_axes` included); `isolate` defaults to False here: with isolation
-    the context owns a worker process; `ctx.close()` (or `with ctx:`) stops it.
+    `settings` (or `SearchSettings` fields as keywords) are as for
+    `optimize` (the default budget, `hardware` and `dcn_axes` included);
+    without `settings`, `isolate` defaults to False here. With a worker the
+    context owns a process; `ctx.close()` (or `with ctx:`) stops it.
 
     Returns:
       `(context, workload)`; workload is None when `step` is a plain function.
@@ -126,6 +312,7 @@ def make_context(
     """
     from ..workloads import Workload
 
+    settings = SearchSettings.build(settings, options, isolate=False)
     workload = step if isinstance(step, Workload) else None
     if workload is not None:
         step = workload.step
@@ -133,7 +320,7 @@ def make_context(
     if args is None or not isinstance(args, tuple | list) or len(args) < 1:
         raise ValueError("optimize: args must be the tuple (state, *batch) the step takes")
     try:
-        scorer = get_objective(objective)
+        scorer = get_objective(settings.objective)
     except ValueError as err:
         raise ValueError(f"optimize: {err}") from None
     mesh = _check_mesh(mesh)
@@ -145,17 +332,18 @@ def make_context(
         raise ValueError(
             f"optimize: the step cannot be traced with these arguments: "
             f"{type(err).__name__}: {err}") from None
-    dcn_axes = _check_dcn_axes(dcn_axes, mesh)
-    ctx = Context(step, abstract_args, mesh, None, None, scorer, warmup, repeats,
-                  compile_timeout, hardware, execute_timeout=execute_timeout, verbose=verbose,
-                  dcn_axes=dcn_axes)
+    dcn_axes = _check_dcn_axes(settings.dcn_axes, mesh)
+    ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
+                  settings.repeats, settings.compile_timeout, settings.hardware,
+                  executor=InProcess(), execute_timeout=settings.execute_timeout,
+                  verbose=settings.verbose, dcn_axes=dcn_axes)
     if scorer.uses_hardware:
         try:
             ctx.hardware_model()
         except ValueError as err:
             raise ValueError(f"optimize: objective {scorer.name!r} estimates with a hardware "
                              f"model: {err}") from None
-    budget = (parse_bytes(memory_budget) if memory_budget is not None
+    budget = (parse_bytes(settings.memory_budget) if settings.memory_budget is not None
               else _default_budget(ctx))
     n_devices = _mesh.device_count(mesh)
     minimum = _minimum_footprint(abstract_args, n_devices)
@@ -164,15 +352,15 @@ def make_context(
             f"optimize: memory_budget={budget} bytes per device is below the smallest "
             f"possible footprint of the arguments, {minimum} bytes (everything split over "
             f"all {n_devices} devices); raise the budget or use more devices")
-    host_args = _host_args(workload, args, seed, scorer) if scorer.needs_host_args else None
-    if not execute_timeout > 0:
-        raise ValueError(f"optimize: execute_timeout must be a positive number of seconds, "
-                         f"got {execute_timeout!r}")
+    host_args = (_host_args(workload, args, settings.seed, scorer) if scorer.needs_host_args
+                 else None)
     ctx.host_args, ctx.budget = host_args, budget
-    if isolate is not False:
+    if settings.isolate is not False:
         from .execution.isolate import Isolation
 
-        ctx.isolation = Isolation.prepare(ctx, workload, forced=isolate is True)
+        isolation = Isolation.prepare(ctx, workload, forced=settings.isolate is True)
+        if isolation is not None:
+            ctx.executor = isolation
     return ctx, workload
 
 

@@ -80,22 +80,28 @@ def retime(
     Args:
       finalists: `(label, spec trees)` pairs; a third item, a Context, runs
         that finalist on its own mesh (the benchmarks' 1-device reference).
-      ctx: the study's context (compiles are counted there). With an
-        isolation the rounds run in its worker process, all of them there.
+      ctx: the study's context (compiles are counted there). The rounds run
+        where its executor runs jobs, all of them in one process.
       rounds: timed steps per finalist.
 
     Raises:
-      ValueError: a finalist has its own context while `ctx` is isolated
-        (interleaving across processes would not be fair).
+      ValueError: a finalist has its own context while `ctx`'s executor runs
+        elsewhere (interleaving across processes would not be fair).
       RuntimeError: the worker died or hung (isolated runs).
     """
-    if ctx.isolation is not None:
-        if any(len(f) > 2 for f in finalists):
-            raise ValueError(
-                "retime: finalists with their own context are timed in this process; "
-                "build the contexts with isolate=False")
-        return ctx.isolation.retime(ctx, [(label, specs) for label, specs in finalists],
-                                    rounds)
+    if not ctx.executor.runs_here and any(len(f) > 2 for f in finalists):
+        raise ValueError(
+            "retime: finalists with their own context are timed in this process; "
+            "build the contexts with isolate=False")
+    return ctx.executor.retime(ctx, finalists, rounds)
+
+
+def retime_here(
+    finalists: Sequence[tuple[str, Sequence[Any]] | tuple[str, Sequence[Any], Context]],
+    ctx: Context,
+    rounds: int,
+) -> dict[str, Timing]:
+    """`retime` in this process: what every executor finally runs."""
     runners = []
     for label, specs, *own in finalists:
         c = own[0] if own else ctx
@@ -133,8 +139,13 @@ def compare_outputs(
     Raises:
       RuntimeError: the worker died or hung (isolated runs).
     """
-    if ctx.isolation is not None:
-        return ctx.isolation.compare_outputs(ctx, specs, reference_specs, rtol)
+    return ctx.executor.compare_outputs(ctx, specs, reference_specs, rtol)
+
+
+def compare_outputs_here(
+    specs: Sequence[Any], reference_specs: Sequence[Any], ctx: Context, rtol: float = 1e-5,
+) -> tuple[bool, float]:
+    """`compare_outputs` in this process: what every executor finally runs."""
     outputs = []
     for s in (specs, reference_specs):
         compiled, _ = _evaluate.compile_step(s, ctx)

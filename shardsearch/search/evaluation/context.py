@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -16,6 +16,10 @@ from ...base.analyzer import ShardingAnalyzer
 from ...cost.chips import hardware_for
 from ...cost.hardware import HardwareModel
 from ...cost.topology import Topology
+
+if TYPE_CHECKING:
+    from ..execution.base import Executor
+    from .objectives import Objective
 
 # Seconds a measured candidate may go without finishing a step (also the
 # default of `optimize(execute_timeout=...)`). Generous: the first step also
@@ -27,7 +31,7 @@ EXECUTE_TIMEOUT = 120.0
 class Context:
     """Everything fixed for one study: the step, its arguments, the mesh, limits.
 
-    Built by `search.context.make_context`, which checks them.
+    Built by `search.setup.make_context`, which checks them.
 
     Attributes:
       step: `step(state, *batch) -> (state, metrics)`, not jitted.
@@ -44,21 +48,21 @@ class Context:
         "hybrid"); None: the built-in one for the mesh's platform
         (`hardware_model()`).
       compiles: how many compiles this context has run (for tests and reports).
-      isolation: a `search.isolate.Isolation` when stages 2 and 3 run in a
-        worker process, None to run them in this one.
+      executor: where stages 2 and 3, the re-timing and the output check run
+        (`search.execution`: `InProcess`, `Isolation` or `Lockstep`); set by
+        `make_context` (a worker process sets its own).
       execute_timeout: seconds a running candidate may go without finishing
         a step before its worker is stopped (isolated runs only).
       verbose: print each candidate's caught log lines to stderr.
       progress: called with "compiling", "running" and "step" as the
         evaluation goes; a worker uses it to tell the study process it is
-        alive. None in the study process.
+        alive, a lockstep process to tell its watchdog. None in the study
+        process.
       dcn_axes: the mesh axes that cross hosts, so the hardware model charges
         collectives over them at the network between hosts (`topology()`).
-      estimates: the estimates the study has recorded so far, one per
-        distinct candidate, ascending: what the "hybrid" objective compares a
-        candidate with. The search loop refreshes them from the study before
-        each trial (so a resumed study, and several processes sharing one,
-        see every recorded trial); a worker process gets them with each job.
+
+    What changes from trial to trial (the study's recorded estimates) is not
+    here: it travels with the trial (`evaluate(..., estimates=...)`).
     """
 
     step: Callable[..., Any]
@@ -66,20 +70,17 @@ class Context:
     mesh: jax.sharding.Mesh
     host_args: Callable[[], tuple[Any, ...]] | None
     budget: int | None
-    # Not annotated with its class: `search.objectives` imports this module
-    # (an objective scores with `measure`), so this one cannot import it back.
-    objective: Any
+    objective: Objective
     warmup: int = 2
     repeats: int = 7
     compile_timeout: float = 600.0
     hardware: HardwareModel | None = None
     compiles: int = 0
-    isolation: Any = None
+    executor: Executor = None  # type: ignore[assignment]  # make_context sets it
     execute_timeout: float = EXECUTE_TIMEOUT
     verbose: bool = False
     progress: Callable[[str], None] | None = None
     dcn_axes: tuple[str, ...] = ()
-    estimates: tuple[float, ...] = ()
 
     @property
     def analyzer(self) -> ShardingAnalyzer:
@@ -98,9 +99,9 @@ class Context:
         return Topology.of(self.mesh, self.dcn_axes)
 
     def close(self) -> None:
-        """Stops the worker process, if any; a later evaluation starts a new one."""
-        if self.isolation is not None:
-            self.isolation.close()
+        """Stops the executor's worker process or session, if any."""
+        if self.executor is not None:
+            self.executor.close()
 
     def __enter__(self) -> Context:
         return self

@@ -17,11 +17,12 @@ so is a step that raises, or whose outputs hold NaN or Inf after the warm-up
 estimates from the compiled program, the hybrid one estimates and runs stage
 3 on the promising.
 
-Stage 1 always runs here, in the study process. Stages 2 and 3 run here too,
-or, when the context has an `isolation` (`search.isolate`), in a worker
-process that runs this same code (`compile_and_score`), so a candidate that
-crashes or hangs takes down only the worker. Either way XLA's log lines of a
-candidate are caught and counted in its `Outcome` (`search.logs`).
+Stage 1 always runs here, in the study process. Stages 2 and 3 run where the
+context's executor says (`search.execution`): here, or in a worker process
+that runs this same code (`compile_and_score`), so a candidate that crashes
+or hangs takes down only the worker, or in every process of a multi-process
+mesh. Either way XLA's log lines of a candidate are caught and counted in its
+`Outcome` (`evaluation.logs`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class CompiledCandidate:
       program: its cost figures, read once (`cost.program.ProgramCost`).
       compile_seconds: lower + compile wall time.
       memory: per-device bytes: the analyzer's "arguments" and XLA's figures.
+      estimates: the study's recorded estimates as of this trial, ascending
+        (what the "hybrid" objective compares this candidate with).
     """
 
     fingerprint: str
@@ -66,6 +69,7 @@ class CompiledCandidate:
     program: ProgramCost
     compile_seconds: float
     memory: dict[str, int]
+    estimates: tuple[float, ...] = ()
 
     def base(self) -> dict[str, Any]:
         """The `Outcome` fields every outcome from here on shares."""
@@ -164,11 +168,13 @@ def evaluate(
     ctx: Context,
     report: Callable[[int, float], bool] | None = None,
     run: bool = True,
+    estimates: Sequence[float] = (),
 ) -> Outcome:
     """Runs stages 1 and 2 on resolved specs, then the objective; says what happened.
 
-    Stage 1 runs here; stage 2 and the objective run in the context's worker
-    process when it has one (`ctx.isolation`), else here (`compile_and_score`).
+    Stage 1 runs here; stage 2 and the objective run where the context's
+    executor runs them (`search.execution`: here, in a worker process, or in
+    lockstep across processes), by `compile_and_score`.
 
     Args:
       specs: spec trees for `(state, *batch)`.
@@ -181,17 +187,17 @@ def evaluate(
       run: False stops a candidate that passed stage 2 before an objective
         that runs the step runs it (complete, with no value): enough to know
         whether a plan fits. Objectives that run nothing still score it.
+      estimates: the estimates the study has recorded so far, one per
+        distinct candidate (`study.record.recorded_estimates`): what the
+        "hybrid" objective compares this candidate with. They belong to this
+        trial, so they travel with it (`CompiledCandidate.estimates`).
     """
     cut, args_bytes = check(specs, fp, ctx)
     if cut is not None:
         return cut
     memory = {"arguments": args_bytes}
-    if ctx.isolation is not None:
-        outcome, log = ctx.isolation.evaluate(ctx, specs, fp, memory, report, run)
-    else:
-        with _logs.capture_stderr() as caught:
-            outcome = compile_and_score(specs, fp, ctx, memory, report, run)
-        log = caught[0]
+    outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, report, run,
+                                         tuple(estimates))
     if ctx.verbose:
         _logs.echo(log.text, f"candidate {fp}")
     return dataclasses.replace(outcome, log_count=log.count, log_first=log.first)
@@ -204,6 +210,7 @@ def compile_and_score(
     memory: dict[str, int],
     report: Callable[[int, float], bool] | None = None,
     run: bool = True,
+    estimates: Sequence[float] = (),
 ) -> Outcome:
     """Stage 2 and the objective, in whichever process runs the candidate.
 
@@ -218,7 +225,8 @@ def compile_and_score(
                        memory=memory)
     program = ProgramCost.from_compiled(compiled)
     memory.update(program.memory.to_json())
-    candidate = CompiledCandidate(fp, tuple(specs), compiled, program, compile_seconds, memory)
+    candidate = CompiledCandidate(fp, tuple(specs), compiled, program, compile_seconds, memory,
+                                  tuple(estimates))
     if ctx.budget is not None and memory["total"] > ctx.budget:
         return candidate.outcome(
             CUT, cut_stage=Stage.COMPILE,
@@ -402,17 +410,12 @@ def _inexact(x: Any) -> bool:
 
 
 def preflight(ctx: Context, replicated: Sequence[Any] | None) -> None:
-    """What `optimize` does before its first trial: starts the context's
-    worker (without isolation when it cannot start and isolation was not
-    forced), then runs the replicated plan's first steps. The caller owns
-    the context, and closes it (its worker) whether this raises or not.
+    """What `optimize` does before its first trial, once the context's
+    executor has started: runs the replicated plan's first steps.
 
     Raises:
-      ValueError: the step's outputs hold NaN or Inf under the replicated
-        plan, or a forced worker did not start.
+      ValueError: the step's outputs hold NaN or Inf under the replicated plan.
     """
-    if ctx.isolation is not None and not ctx.isolation.start():
-        ctx.isolation = None
     problem = nonfinite_under(replicated, ctx)
     if problem is not None:
         raise ValueError(
@@ -428,20 +431,11 @@ def nonfinite_under(specs: Sequence[Any] | None, ctx: Context) -> str | None:
     that gives non-finite values even there is broken itself. Returns None
     when the outputs are finite, and also when the plan cannot tell (it does
     not fit the budget, fails to compile or raises: the search records that
-    on its own trial). Runs in the context's worker when it has one.
+    on its own trial). Runs where the context's executor runs jobs.
     """
     if specs is None or not ctx.objective.needs_host_args:
         return None
-    if ctx.isolation is not None:
-        return ctx.isolation.nonfinite_under(ctx, specs)
-    with _logs.capture_stderr() as caught:
-        try:
-            problem = first_steps(specs, ctx)
-        except Exception:  # the replicated baseline's own trial records it
-            problem = None
-    if ctx.verbose:
-        _logs.echo(caught[0].text, "the replicated plan")
-    return problem
+    return ctx.executor.nonfinite_under(ctx, specs)
 
 
 def first_steps(specs: Sequence[Any], ctx: Context) -> str | None:

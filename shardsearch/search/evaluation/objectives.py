@@ -16,8 +16,8 @@ search reads instead of comparing names:
 - `uses_hardware`: it scores with the context's hardware model, so the study
   (and the plan file's "hardware" section) names the model;
 - `needs_estimates`: it compares a candidate with the estimates the study has
-  recorded (`Context.estimates`), so the loop refreshes them before each
-  trial.
+  recorded (`CompiledCandidate.estimates`), so the loop reads them from the
+  study before each trial.
 
 Built in: "measured" (median step time on the mesh), "static" (the
 hardware model's estimate from the compiled program; nothing runs) and
@@ -73,8 +73,8 @@ class Objective:
         during the search) or "estimate" (computed, nothing ran).
       uses_hardware: it scores with `ctx.hardware_model()`, whose name the
         study records.
-      needs_estimates: its `score` reads `ctx.estimates`, which the search
-        loop then refreshes from the study before each trial.
+      needs_estimates: its `score` reads `candidate.estimates`, which the
+        search loop then reads from the study before each trial.
     """
 
     name: ClassVar[str] = ""
@@ -163,7 +163,7 @@ class Hybrid(Objective):
 
     Candidates scored without a `report` (the baselines, hand-picked ones)
     are always measured; their estimates still count. "The best so far" is
-    `ctx.estimates`, read from the study before each trial, so a resumed
+    `candidate.estimates`, read from the study before each trial, so a resumed
     study and several processes sharing one decide on every recorded trial.
     A candidate the model cannot estimate (unreadable HLO, axes it has no
     figures for) is measured.
@@ -227,7 +227,7 @@ class Hybrid(Objective):
             estimate, breakdown = None, None
         found: dict[str, Any] = {"estimate": estimate, "breakdown": breakdown}
         if report is not None and estimate is not None:
-            why = self.gate(estimate, ctx.estimates)
+            why = self.gate(estimate, candidate.estimates)
             if why is not None:
                 return candidate.outcome(CUT, cut_stage=Stage.ESTIMATE, reason=why, **found)
         # Looked up on the module at call time, so tests can watch `measure`.

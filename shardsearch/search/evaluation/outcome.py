@@ -29,8 +29,8 @@ class Outcome:
         resolved).
       status: a `Status`: "complete", "cut" or "failed" (a string given is
         converted).
-      cut_stage: the `Stage` that cut the candidate (stored as its int: 1
-        check, 2 compile, 4 estimate, 3 measure); None unless cut.
+      cut_stage: the `Stage` that cut the candidate (stored as its id:
+        1 check, 2 compile, 4 estimate, 3 measure); None unless cut.
       reason: why it was cut or failed; "" when complete.
       value: the objective in seconds (median measured step, or the static
         estimate); None unless complete.
@@ -62,7 +62,7 @@ class Outcome:
 
     Example:
       >>> Outcome("ab12", "cut", 1, "invalid specs: ...").cut_stage
-      <Stage.CHECK: 1>
+      <Stage.CHECK: 'check'>
     """
 
     fingerprint: str
@@ -85,12 +85,13 @@ class Outcome:
         # Stored outcomes come back with the plain string and int.
         try:
             status = Status(self.status)
-            stage = None if self.cut_stage is None else Stage(self.cut_stage)
+            stage = (None if self.cut_stage is None else self.cut_stage
+                     if isinstance(self.cut_stage, Stage) else Stage.from_id(self.cut_stage))
         except ValueError:
             raise ValueError(
                 f"Outcome {self.fingerprint!r}: status={self.status!r}, cut_stage="
                 f"{self.cut_stage!r}; the statuses are {tuple(s.value for s in Status)} and "
-                f"the stages {tuple(int(s) for s in Stage)}") from None
+                f"the stages' stored ids {tuple(s.id for s in Stage)}") from None
         if (status == CUT) != (stage is not None):
             raise ValueError(
                 f"Outcome {self.fingerprint!r}: status={status.value!r} with cut_stage="
@@ -103,7 +104,7 @@ class Outcome:
         out = dataclasses.asdict(self)
         del out["estimate"], out["breakdown"]
         out["status"] = self.status.value
-        out["cut_stage"] = None if self.cut_stage is None else int(self.cut_stage)
+        out["cut_stage"] = None if self.cut_stage is None else self.cut_stage.id
         out["step_times"] = list(self.step_times)
         return out
 

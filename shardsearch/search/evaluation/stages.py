@@ -1,56 +1,88 @@
 """The stages an evaluation passes through, and how it can end.
 
 A candidate goes through the stages in pipeline order, cheapest first; any of
-them can cut it (see `search.evaluate`). Every record of a cut names its
-stage, in three stored forms that this module alone defines:
+them can cut it (see `search.evaluation.evaluate`). Every record of a cut
+names its stage, in three stored forms that this module alone defines:
 
-- the int in `Outcome.cut_stage`, as Optuna studies store it (`Stage.CHECK`
+- the id in `Outcome.cut_stage` as Optuna studies store it (`Stage.CHECK.id`
   is 1);
 - the label in plan files' results rows (`"check"`);
 - the key of the trial counts in summaries (`"cut_check"`).
 
-Adding a stage is one line in `Stage`, placed where it runs in the pipeline,
-with an int no stored study has used; the labels, summary keys and progress
-counts follow. Iterate `Stage` for the pipeline order: the ints are storage
-ids, not an order (a stage added between two others gets the next free int).
+Adding a stage is one member of `Stage`, placed where it runs in the
+pipeline, with an id no stored study has used; the labels, summary keys and
+progress counts follow. The order of the members is the pipeline order
+(`Stage.order`, and `<` compares by it); the ids are storage keys only, and
+a stage added between two others gets the next free id (`estimate`, id 4,
+runs before `measure`, id 3).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+
+# The id each stage is stored under: never reuse or renumber one.
+_IDS = {"check": 1, "compile": 2, "estimate": 4, "measure": 3}
 
 
-class Stage(enum.IntEnum):
-    """A stage of the evaluation, in pipeline order.
+@functools.total_ordering
+class Stage(enum.Enum):
+    """A stage of the evaluation; members are listed in pipeline order.
 
     Example:
-      >>> Stage(1), Stage.parse("compile"), Stage.MEASURE.label
-      (<Stage.CHECK: 1>, <Stage.COMPILE: 2>, 'measure')
-      >>> [s.summary_key for s in Stage]
-      ['cut_check', 'cut_compile', 'cut_estimate', 'cut_measure']
+      >>> Stage.from_id(1), Stage.parse("compile"), Stage.MEASURE.id
+      (<Stage.CHECK: 'check'>, <Stage.COMPILE: 'compile'>, 3)
+      >>> [s.summary_key for s in Stage], Stage.ESTIMATE < Stage.MEASURE
+      (['cut_check', 'cut_compile', 'cut_estimate', 'cut_measure'], True)
     """
 
-    CHECK = 1
+    CHECK = "check"
     """The analyzer on the abstract arguments: invalid specs, or the arguments
     alone over the per-device budget. Nothing compiles."""
-    COMPILE = 2
+    COMPILE = "compile"
     """XLA's memory analysis over the budget. Nothing runs."""
-    ESTIMATE = 4
+    ESTIMATE = "estimate"
     """The hardware model's estimate of the compiled program too far behind the
     best estimates the study has recorded to be worth timing (the "hybrid"
     objective). Nothing runs."""
-    MEASURE = 3
+    MEASURE = "measure"
     """Timed repeats, stopped once the candidate is clearly slower."""
+
+    @property
+    def id(self) -> int:
+        """The int studies store for this stage, e.g. 1 for "check"."""
+        return _IDS[self.value]
+
+    @property
+    def order(self) -> int:
+        """Its place in the pipeline, from 0 ("check")."""
+        return list(Stage).index(self)
 
     @property
     def label(self) -> str:
         """The name plan files and reports use, e.g. "check"."""
-        return self.name.lower()
+        return self.value
 
     @property
     def summary_key(self) -> str:
         """The key counting the trials cut here in a summary, e.g. "cut_check"."""
         return f"cut_{self.label}"
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Stage):
+            return NotImplemented
+        return self.order < other.order
+
+    @classmethod
+    def from_id(cls, stored: int) -> Stage:
+        """The stage stored as `stored`; a ValueError lists the ids otherwise."""
+        for stage in cls:
+            if stage.id == stored and not isinstance(stored, bool):
+                return stage
+        raise ValueError(
+            f"no evaluation stage stored as {stored!r}; the stored ids are "
+            f"{tuple(s.id for s in cls)}")
 
     @classmethod
     def parse(cls, label: str) -> Stage:
@@ -79,11 +111,12 @@ class Status(enum.StrEnum):
 COMPLETE, CUT, FAILED = Status.COMPLETE, Status.CUT, Status.FAILED
 
 
-def stage_label(stage: int | None) -> str | None:
-    """The label of a stored stage int, None for None (outcomes not cut).
+def stage_label(stage: Stage | int | None) -> str | None:
+    """The label of a stage or its stored id, None for None (outcomes not cut).
 
     Example:
       >>> stage_label(2), stage_label(None)
       ('compile', None)
     """
-    return None if stage is None else Stage(stage).label
+    return None if stage is None else (
+        stage if isinstance(stage, Stage) else Stage.from_id(stage)).label

@@ -65,6 +65,7 @@ from ..evaluation.context import Context
 from ..evaluation.evaluate import error_line
 from ..evaluation.outcome import Outcome
 from ..evaluation.stages import FAILED
+from .base import Base
 from .transport import package_step, travels
 
 # Seconds a new worker may take to import JAX, load the step and say it is ready.
@@ -148,12 +149,13 @@ def _save_host_args(host_args: Callable[[], Any], folder: Path) -> tuple[str, li
     return str(path), [(tuple(x.shape), x.dtype.name) for x in leaves]
 
 
-class Isolation:
-    """The worker process of one study and what it needs to start.
+class Isolation(Base):
+    """The worker process of one study and what it needs to start: an
+    `Executor` (`execution.base`).
 
     Built by `make_context(isolate=...)` through `prepare`; `evaluate`,
     `retime`, `compare_outputs` and `nonfinite_under` reach it through the
-    context. The worker starts on first use (or `start`), is reused between
+    context's `executor`. The worker starts on first use (or `start`), is reused between
     candidates, and is replaced after it dies, hangs or a candidate fails in
     it. `close` stops it; the folder goes when the object does.
 
@@ -244,13 +246,13 @@ class Isolation:
     # ------------------------------------------------------------------ jobs
 
     def evaluate(self, ctx: Context, specs: Sequence[Any], fp: str, memory: dict[str, int],
-                 report: Callable[[int, float], bool] | None,
-                 run: bool) -> tuple[Outcome, _logs.LogLines]:
+                 report: Callable[[int, float], bool] | None, run: bool,
+                 estimates: tuple[float, ...] = ()) -> tuple[Outcome, _logs.LogLines]:
         """Stage 2 and the objective in the worker; a lost worker fails the candidate."""
         # The study's recorded estimates change with every trial, so they travel
         # with the job rather than in the payload written once.
         job = ("evaluate", tuple(specs), fp, dict(memory), run, report is not None,
-               tuple(ctx.estimates))
+               tuple(estimates))
         try:
             return self._request(ctx, job, report)
         except WorkerLost as lost:

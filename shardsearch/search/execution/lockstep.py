@@ -1,11 +1,11 @@
 """The processes of one multi-process search, moving through the same jobs together.
 
-`search.distributed` says how such a search runs; this is its engine. On
-process 0 a `Lockstep` is the context's `isolation`: for each job
+`execution.distributed` says how such a search runs; this is its engine. On
+process 0 a `Lockstep` is the context's `executor`: for each job
 (`evaluate`, `nonfinite`, `retime`, `compare`) it publishes the job in the
 key-value store of JAX's distributed runtime, runs it here, and merges what
 every process reports. The others call `Lockstep.follow`. Each process's
-`search.watchdog.Watchdog` beats, watches the others, and ends a process
+`execution.watchdog.Watchdog` beats, watches the others, and ends a process
 stuck in a collective.
 
 Keys, under one prefix per search (`shardsearch/<session>/`):
@@ -16,29 +16,30 @@ with it), `beat/Q`, `bye/Q`.
 
 Example (process 0, inside `optimize`)::
 
-    ctx.isolation = Lockstep(ctx, Distributed(timeout=30))
-    outcome, log = ctx.isolation.evaluate(ctx, specs, fp, memory, None, run=True)
+    ctx.executor = Lockstep(ctx, Distributed(timeout=30))
+    outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, None, True, estimates=())
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pickle
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 
 from ..evaluation import confirm as _confirm
-from ..evaluation import evaluate as _evaluate
 from ..evaluation import logs as _logs
 from ..evaluation.context import Context
 from ..evaluation.evaluate import error_line
 from ..evaluation.outcome import Outcome
 from ..evaluation.stages import COMPLETE, FAILED
+from .base import Base
 from .distributed import (
     PROCESS_TIMES_ATTR,
     Distributed,
@@ -49,6 +50,7 @@ from .distributed import (
     runtime_client,
     signature,
 )
+from .inprocess import InProcess
 from .watchdog import Watchdog
 
 # How long one wait on the store lasts before the waiter looks at the beats again.
@@ -63,10 +65,11 @@ LOG_CHARS = 100_000
 _sessions = itertools.count()
 
 
-class Lockstep:
-    """The processes of one search, moving through the same jobs together.
+class Lockstep(Base):
+    """The processes of one search, moving through the same jobs together: an
+    `Executor` (`execution.base`).
 
-    On the leader (process 0) it is the context's `isolation`: `evaluate`,
+    On the leader (process 0) it is the context's `executor`: `evaluate`,
     `nonfinite_under`, `retime` and `compare_outputs` publish a job, run it
     here, and merge what every process reports. The others call `follow`.
 
@@ -95,6 +98,10 @@ class Lockstep:
         self.watch = Watchdog(self.client, self.prefix, self.index, self.count,
                               settings.timeout, ctx.execute_timeout)
         self.watch.on_stuck = self._stuck
+        # Every job runs here through the in-process executor, and its progress
+        # events feed this process's rendezvous and watchdog.
+        self.local = InProcess()
+        ctx.progress = self._progress
 
     @property
     def leader(self) -> bool:
@@ -123,8 +130,8 @@ class Lockstep:
                 "with the same command")
 
     def evaluate(self, ctx: Context, specs: Sequence[Any], fp: str, memory: dict[str, int],
-                 report: Callable[[int, float], bool] | None,
-                 run: bool) -> tuple[Outcome, _logs.LogLines]:
+                 report: Callable[[int, float], bool] | None, run: bool,
+                 estimates: tuple[float, ...] = ()) -> tuple[Outcome, _logs.LogLines]:
         """Stage 2 and the objective in every process; the merged outcome.
 
         `report` is not called: a pruner stopping one process part-way
@@ -134,7 +141,7 @@ class Lockstep:
         self._evaluating = fp, dict(memory)
         try:
             results = self._lead(ctx, ("evaluate", tuple(specs), fp, dict(memory), run,
-                                       tuple(ctx.estimates)))
+                                       tuple(estimates)))
         except PeerLost:
             if self._own_failure is None:
                 raise
@@ -183,6 +190,16 @@ class Lockstep:
         results = self._values(self._lead(ctx, ("compare", tuple(specs),
                                                 tuple(reference_specs), rtol)))
         return all(m for m, _w in results), max(w for _m, w in results)
+
+    @contextlib.contextmanager
+    def guard(self, record: Callable[[Outcome], Any]) -> Iterator[None]:
+        """Around one candidate: the watchdog records its failure with `record`
+        if the processes end stuck in it."""
+        self.abandon = record
+        try:
+            yield
+        finally:
+            self.abandon = None
 
     def trial_attrs(self, outcome: Outcome) -> dict[str, Any]:
         """The extra trial attributes of an outcome this run measured: every
@@ -279,8 +296,6 @@ class Lockstep:
         kind = job[0]
         self._barrier, self._echo, self._own_failure = 0, False, None
         self.watch.job = k  # the job the watchdog and the ready keys look at
-        saved = ctx.isolation, ctx.progress
-        ctx.isolation, ctx.progress = None, self._progress
         try:
             value = self._local(ctx, job)
             error = None
@@ -289,7 +304,6 @@ class Lockstep:
         except Exception as err:  # a job's error is reported, not raised, in lockstep
             value, error = None, error_line(err)
         finally:
-            ctx.isolation, ctx.progress = saved
             stepped, self._stepping = self._stepping, False
             self.watch.running_since = None
         failure = error if value is None else (
@@ -315,18 +329,15 @@ class Lockstep:
             return signature(ctx)
         if kind == "evaluate":
             _kind, specs, fp, memory, run, estimates = job
-            ctx.estimates = estimates
-            with _logs.capture_stderr() as caught:
-                outcome = _evaluate.compile_and_score(specs, fp, ctx, memory, None, run)
-            log = caught[0]
+            outcome, log = self.local.evaluate(ctx, specs, fp, memory, None, run, estimates)
             # The store's messages are small; the count and first line stay whole.
             return outcome, True, _logs.LogLines(log.text[-LOG_CHARS:], log.count, log.first)
         if kind == "nonfinite":
-            return _evaluate.nonfinite_under(job[1], ctx)
+            return self.local.nonfinite_under(ctx, job[1])
         if kind == "retime":
-            return _confirm.retime(job[1], ctx, job[2])
+            return self.local.retime(ctx, job[1], job[2])
         if kind == "compare":
-            return _confirm.compare_outputs(job[1], job[2], ctx, job[3])
+            return self.local.compare_outputs(ctx, job[1], job[2], job[3])
         raise ValueError(f"unknown lockstep job {kind!r}")
 
     def _progress(self, event: str) -> None:

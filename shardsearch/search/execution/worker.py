@@ -83,6 +83,7 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
     import numpy as np
 
     from ..evaluation.context import Context
+    from .inprocess import InProcess
 
     abstract_args = jax.tree.unflatten(
         body["treedef"], [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in body["avals"]])
@@ -111,7 +112,7 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
 
     return Context(step, abstract_args, mesh, host_args, body["budget"], body["objective"],
                    body["warmup"], body["repeats"], body["compile_timeout"], body["hardware"],
-                   progress=progress, dcn_axes=body["dcn_axes"])
+                   executor=InProcess(), progress=progress, dcn_axes=body["dcn_axes"])
 
 
 def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
@@ -153,9 +154,8 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
 
     def evaluate(specs: Any, fp: str, memory: dict[str, int], run: bool,
                  reports: bool, estimates: tuple[float, ...]) -> tuple[Any, bool]:
-        ctx.estimates = estimates  # the study's, as of this trial (`Context.estimates`)
         outcome = _evaluate.compile_and_score(specs, fp, ctx, memory,
-                                              reporter() if reports else None, run)
+                                              reporter() if reports else None, run, estimates)
         # After a raise or a timed-out compile the worker is not to be trusted
         # with the next candidate; NaN leaves nothing behind.
         return outcome, (outcome.status == FAILED

@@ -26,9 +26,10 @@ import optuna
 from ...base import mesh as _mesh
 from ...base import tree as _tree
 from ..space.searchspace import SPACE_VERSION
+from . import attrs as _attrs
 
 # The study user attribute that holds `StudyIdentity.to_json()`.
-IDENTITY_ATTR = "identity"
+IDENTITY_ATTR = _attrs.IDENTITY
 
 # The space every study searched before `space=` existed.
 DEFAULT_SPACE = "rules"
@@ -166,11 +167,11 @@ def recorded_identity(attrs: Mapping[str, Any]) -> StudyIdentity | None:
                 f"the study's {IDENTITY_ATTR!r} attribute is malformed ({type(err).__name__}: "
                 f"{err}): {attrs[IDENTITY_ATTR]!r}; it was written by hand or by another "
                 "program: use another study") from None
-    if not isinstance(attrs.get("mesh"), Mapping):
+    if not isinstance(attrs.get(_attrs.MESH), Mapping):
         return None
     # Studies from before objectives were recorded were measured.
-    return StudyIdentity(attrs.get("workload"), None, tuple(attrs["mesh"].items()),
-                         attrs.get("objective") or "measured")
+    return StudyIdentity(attrs.get(_attrs.WORKLOAD), None, tuple(attrs[_attrs.MESH].items()),
+                         attrs.get(_attrs.OBJECTIVE) or "measured")
 
 
 def bind_study(study: optuna.Study, identity: StudyIdentity) -> None:

@@ -37,12 +37,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from . import attrs as _attrs
 from .storage import close_storage
 
-OWNER_ATTR = "owner"
-HEARTBEAT_ATTR = "heartbeat"
-REASON_ATTR = "reason"
-LABEL_ATTR = "label"
+OWNER_ATTR, HEARTBEAT_ATTR = _attrs.OWNER, _attrs.HEARTBEAT
+REASON_ATTR, LABEL_ATTR = _attrs.REASON, _attrs.LABEL
 # The reason of a trial whose run stopped (a signal, kill -9, a lost machine)
 # before it recorded an outcome; summaries count these apart from failures.
 INTERRUPTED = "interrupted"
@@ -285,7 +284,7 @@ def _holds_claim(trial: FrozenTrial) -> bool:
     # Waiting, running, or recorded; a trial failed before it recorded an
     # outcome (interrupted, or an error of ours) gives its baseline back.
     return trial.state in (TrialState.WAITING, TrialState.RUNNING) or \
-        "outcome" in trial.user_attrs
+        _attrs.OUTCOME in trial.user_attrs
 
 
 class BaselineClaims:

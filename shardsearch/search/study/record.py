@@ -18,10 +18,10 @@ import optuna
 
 from ..evaluation.outcome import Outcome
 from ..evaluation.stages import COMPLETE, FAILED, Stage
+from . import attrs as _attrs
 from .ownership import INTERRUPTED, LABEL_ATTR, REASON_ATTR
 
-ESTIMATE_ATTR = "estimate"
-BREAKDOWN_ATTR = "breakdown"
+ESTIMATE_ATTR, BREAKDOWN_ATTR = _attrs.ESTIMATE, _attrs.BREAKDOWN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,17 +61,26 @@ class TrialRecord:
         becomes a failed record with that reason and no rules.
         """
         attrs = trial.user_attrs
-        if "outcome" not in attrs:
+        if _attrs.OUTCOME not in attrs:
             if trial.state != optuna.trial.TrialState.FAIL or \
                     attrs.get(REASON_ATTR) != INTERRUPTED:
                 return None
             return cls(trial.number, attrs.get(LABEL_ATTR, "search"), dict(trial.params),
                        Outcome("", FAILED, reason=INTERRUPTED), {}, {})
-        outcome = dataclasses.replace(Outcome.from_json(attrs["outcome"]),
+        outcome = dataclasses.replace(Outcome.from_json(attrs[_attrs.OUTCOME]),
                                       estimate=attrs.get(ESTIMATE_ATTR),
                                       breakdown=attrs.get(BREAKDOWN_ATTR))
-        return cls(trial.number, attrs.get("label", "search"), dict(trial.params), outcome,
-                   attrs["state_rule"], attrs["batch_rule"], attrs.get("seconds", 0.0))
+        return cls(trial.number, attrs.get(_attrs.LABEL, "search"), dict(trial.params), outcome,
+                   attrs[_attrs.STATE_RULE], attrs[_attrs.BATCH_RULE],
+                   attrs.get(_attrs.SECONDS, 0.0))
+
+
+def record_attrs(record: TrialRecord) -> dict[str, Any]:
+    """The trial attributes that store a record: its seconds, label, outcome
+    (`outcome_attrs`) and rules."""
+    return {_attrs.SECONDS: record.seconds, _attrs.LABEL: record.label,
+            **outcome_attrs(record.outcome), _attrs.STATE_RULE: record.state_rule,
+            _attrs.BATCH_RULE: record.batch_rule}
 
 
 def outcome_attrs(outcome: Outcome) -> dict[str, Any]:
@@ -82,7 +91,7 @@ def outcome_attrs(outcome: Outcome) -> dict[str, Any]:
       >>> outcome_attrs(Outcome("ab12", "complete", value=0.01, estimate=0.01))
       {'outcome': {...}, 'estimate': 0.01}
     """
-    return {"outcome": outcome.to_json()} | _estimated(outcome)
+    return {_attrs.OUTCOME: outcome.to_json()} | _estimated(outcome)
 
 
 def _estimated(outcome: Outcome) -> dict[str, Any]:
@@ -110,7 +119,7 @@ def recorded_estimates(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[floa
         estimate = trial.user_attrs.get(ESTIMATE_ATTR)
         if estimate is None:
             continue
-        outcome = trial.user_attrs.get("outcome") or {}
+        outcome = trial.user_attrs.get(_attrs.OUTCOME) or {}
         key = outcome.get("fingerprint") or f"trial {trial.number}"
         by_candidate.setdefault(key, float(estimate))
     return tuple(sorted(by_candidate.values()))

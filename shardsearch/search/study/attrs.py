@@ -1,0 +1,60 @@
+"""Every key shardsearch stores in an Optuna study, in one place.
+
+Studies outlive the code that wrote them: a key here is a stored name, and
+renaming one makes older studies unreadable. A new key is a new constant
+here, used by name wherever it is read or written.
+
+Study attributes (`study.user_attrs`), written when a search opens the study:
+"""
+
+from __future__ import annotations
+
+# ----------------------------------------------------------------- the study
+WORKLOAD = "workload"
+"""The built-in workload's name ("gpt:tiny"), or None for a raw step."""
+MESH = "mesh"
+"""The mesh's axes and sizes, `{"dp": 2, "tp": 4}`."""
+OBJECTIVE = "objective"
+"""The objective's name ("measured", "static", "hybrid", ...)."""
+BUDGET = "budget"
+"""The per-device memory budget in bytes, or None."""
+SPACE = "space"
+"""The families searched: "rules", "logical" or "both"."""
+SEED = "seed"
+"""The sampler's seed."""
+SAMPLER = "sampler"
+"""The sampler, as `repr` gives it."""
+HARDWARE = "hardware"
+"""The devices (platform, kind, count) and, for an estimating objective, the
+hardware model's name and the axes it took as crossing hosts."""
+RESULT = "result"
+"""The last finished search's summary (`OptimizeResult.to_json()` without the
+trials), None while one runs."""
+IDENTITY = "identity"
+"""What the study searched (`study.identity.StudyIdentity.to_json()`)."""
+
+# ----------------------------------------------------------------- a trial
+OUTCOME = "outcome"
+"""The trial's `Outcome.to_json()`."""
+ESTIMATE = "estimate"
+"""The hardware model's estimate in seconds, when the objective made one."""
+BREAKDOWN = "breakdown"
+"""The estimate's parts (`cost.breakdown.Breakdown.to_json()`)."""
+LABEL = "label"
+""""search", or the baseline's (or start plan's) label."""
+STATE_RULE = "state_rule"
+"""The candidate's state rule, `ShardingRule.to_config()`."""
+BATCH_RULE = "batch_rule"
+"""The candidate's batch rule, `ShardingRule.to_config()`."""
+SECONDS = "seconds"
+"""Wall seconds of the trial, from proposal to record."""
+OWNER = "owner"
+"""The run that owns the trial (`study.ownership.Owner.to_json()`)."""
+HEARTBEAT = "heartbeat"
+"""Epoch seconds of the owner's last beat."""
+REASON = "reason"
+"""Why a trial failed without an outcome ("interrupted")."""
+PROCESS_STEP_TIMES = "process_step_times"
+"""Each JAX process's own step times in a multi-process search. Written by
+`execution.lockstep` under `execution.distributed.PROCESS_TIMES_ATTR`
+(execution never imports study); `tests/test_layout.py` checks the two agree."""
