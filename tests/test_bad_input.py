@@ -29,6 +29,7 @@ from shardsearch import bench
 from shardsearch.base.jsonfile import read_json
 from shardsearch.base.limits import MAX_JSON_DEPTH, check_simulated_devices
 from shardsearch.cli import main as _cli
+from shardsearch.search import parse_bytes, rule_from_config
 from shardsearch.search.study.storage import open_study
 from shardsearch.workloads import get_workload
 
@@ -401,7 +402,7 @@ LIBRARY_CASES = [
         d / "plan.json", ss.abstract_mesh((8,), ("x",))), ValueError, "axis names"),
     ("from-config-list", lambda d: ss.ShardingPlan.from_config([]), ValueError,
      "expected a JSON object"),
-    ("rule-unknown-kind", lambda d: ss.rule_from_config({"kind": "nope"}), ValueError,
+    ("rule-unknown-kind", lambda d: rule_from_config({"kind": "nope"}), ValueError,
      "unknown rule kind"),
     ("read-json-deep", lambda d: read_json(d / "deep.json"), ValueError, "nested deeper"),
     ("read-json-utf16", lambda d: read_json(d / "utf16.json"), ValueError, "not UTF-8"),
@@ -425,8 +426,8 @@ LIBRARY_CASES = [
     ("mesh-create-names", lambda d: ss.create_mesh((2, 4), ("x",)), ValueError,
      "one size per name"),
     ("mesh-abstract", lambda d: ss.abstract_mesh((0,), ("x",)), ValueError, "positive size"),
-    ("bytes-word", lambda d: ss.parse_bytes("lots"), ValueError, "not a byte count"),
-    ("bytes-bool", lambda d: ss.parse_bytes(True), ValueError, "not a number of bytes"),
+    ("bytes-word", lambda d: parse_bytes("lots"), ValueError, "not a byte count"),
+    ("bytes-bool", lambda d: parse_bytes(True), ValueError, "not a number of bytes"),
     ("optimize-study-empty", lambda d: _optimize(study_name=""), ValueError,
      "study name ''"),
     ("optimize-study-newline", lambda d: _optimize(study_name="a\nb"), ValueError,

@@ -462,7 +462,7 @@ def test_recheck_retimes_the_exported_winner_against_a_reference(ran, tmp_path, 
 # --------------------------------------------------------------------------- scripts' API
 
 # What a benchmark script may import from shardsearch: these modules' `__all__`.
-PUBLIC_MODULES = ("shardsearch", "shardsearch.bench", "shardsearch.workloads")
+PUBLIC_MODULES = ("shardsearch", "shardsearch.search", "shardsearch.bench", "shardsearch.workloads")
 
 
 def _dotted(node):
@@ -550,12 +550,16 @@ def test_the_scripts_checker_finds_private_uses():
         "import shardsearch as ss\nss.search.loop.make_context",
         "from shardsearch import bench\nbench.report.format_speedup",
         "import shardsearch.bench as sb\nsb._report",
+        "from shardsearch.bench import retime",
+        "import shardsearch as ss\nss.make_context",
     ]
     for source in private:
         assert len(_private_uses(source, "x.py")) == 1, source
     public = [
-        "from shardsearch import bench, load_plan\nbench.retime\nbench.speedup(a, b)",
-        "import shardsearch as ss\nss.make_space\nss.bench.format_speedup",
+        "from shardsearch import bench, load_plan\nbench.speedup(a, b)",
+        "from shardsearch.search import retime, make_context",
+        "from shardsearch import search\nsearch.retime",
+        "import shardsearch as ss\nss.optimize\nss.bench.format_speedup",
         "import shardsearch.bench\nshardsearch.bench.load_suite",
         "from shardsearch.workloads import get_workload",
         "import jax\njax.devices()",

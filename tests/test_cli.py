@@ -14,6 +14,7 @@ import shardsearch as ss
 from shardsearch.base import spec as _spec
 from shardsearch.base import tree as _tree
 from shardsearch.cli import main as _cli
+from shardsearch.search import plan_config
 from shardsearch.workloads import get_workload
 
 PLAN = "shardsearch-mlp-tiny-dp2-tp4.json"
@@ -222,7 +223,7 @@ def test_a_factory_workload_is_imported_only_when_named(tmp_path, monkeypatch, c
 
 def test_show_exits_1_when_the_plan_does_not_fit(tmp_path, capsys):
     mesh = ss.abstract_mesh((2, 4), ("dp", "tp"))
-    path = ss.write_config(ss.plan_config(ss.AutoShardingRule(), ss.BatchShardingRule(("dp",)),
+    path = ss.write_config(plan_config(ss.AutoShardingRule(), ss.BatchShardingRule(("dp",)),
                                           mesh), tmp_path / "plan.json")
     assert _cli.main(["show", str(path), "--workload", "mlp:tiny", "--mesh", "dp=3,tp=4"]) == 1
     err = capsys.readouterr().err

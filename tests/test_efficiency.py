@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 import shardsearch as ss
-from shardsearch import make_space
+from shardsearch.search import make_context, make_space
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.workloads import get_workload
 
@@ -96,7 +96,7 @@ def test_refined_fingerprints_decide_the_best_and_the_targets(run, table):
 
 def test_refine_retimes_the_fastest_and_reuses_the_record(run, tmp_path, mesh24):
     workload = get_workload("mlp:tiny")
-    ctx, _ = ss.make_context(workload, None, mesh24, memory_budget=None, warmup=1, repeats=2)
+    ctx, _ = make_context(workload, None, mesh24, memory_budget=None, warmup=1, repeats=2)
     space = make_space(mesh24, ctx.abstract_args[0], ctx.budget)
     specs_of = {}
     for params in space.enumerate():

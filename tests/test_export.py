@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
+from shardsearch.search import plan_config
 from shardsearch.workloads import get_workload
 
 sds = lambda *s, dtype=np.float32: jax.ShapeDtypeStruct(s, dtype)  # noqa: E731
@@ -49,7 +50,7 @@ def _rules(mesh):
 def test_every_rule_kind_round_trips_through_a_file(kind, tmp_path, mesh24):
     rule = _rules(mesh24)[kind]
     batch_rule = ss.BatchShardingRule(("dp",))
-    path = ss.write_config(ss.plan_config(rule, batch_rule, mesh24), tmp_path / "plan.json")
+    path = ss.write_config(plan_config(rule, batch_rule, mesh24), tmp_path / "plan.json")
     loaded = ss.load_rule(path, mesh24)
     assert type(loaded) is type(rule)
     assert loaded.to_config() == rule.to_config()
@@ -63,7 +64,7 @@ def test_every_rule_kind_round_trips_through_a_file(kind, tmp_path, mesh24):
 
 def test_recorded_specs_and_fingerprint(tmp_path, mesh24):
     rule = _rules(mesh24)["composite"]
-    config = ss.plan_config(rule, ss.BatchShardingRule(("dp",)), mesh24, args=(TREE, BATCH))
+    config = plan_config(rule, ss.BatchShardingRule(("dp",)), mesh24, args=(TREE, BATCH))
     path = ss.write_config(config, tmp_path / "plan.json")
     data = json.loads(path.read_text())
     leaves = {leaf["path"]: leaf for leaf in data["workload"]["arguments"][0]}
@@ -78,7 +79,7 @@ def test_recorded_specs_and_fingerprint(tmp_path, mesh24):
 
 def test_other_shapes_reapply_the_rule_and_warn(tmp_path, mesh24):
     rule = ss.AutoShardingRule(mesh24)
-    config = ss.plan_config(rule, ss.BatchShardingRule(("dp",)), mesh24, args=(TREE, BATCH))
+    config = plan_config(rule, ss.BatchShardingRule(("dp",)), mesh24, args=(TREE, BATCH))
     plan = ss.load_plan(ss.write_config(config, tmp_path / "plan.json"))
     bigger = {**TREE, "embed": sds(128, 32)}
     with pytest.warns(ss.PlanMismatchWarning, match=r"plan\.json: .*'embed' is float32\[128, "
@@ -92,7 +93,7 @@ def test_other_shapes_reapply_the_rule_and_warn(tmp_path, mesh24):
 
 
 def test_shardings_need_a_concrete_mesh_with_the_same_axes(tmp_path, mesh24):
-    config = ss.plan_config(ss.AutoShardingRule(), ss.BatchShardingRule(("dp",)), mesh24,
+    config = plan_config(ss.AutoShardingRule(), ss.BatchShardingRule(("dp",)), mesh24,
                             args=(TREE, BATCH))
     path = ss.write_config(config, tmp_path / "plan.json")
     shardings = ss.load_plan(path, mesh24).shardings((TREE, BATCH))
@@ -104,7 +105,7 @@ def test_shardings_need_a_concrete_mesh_with_the_same_axes(tmp_path, mesh24):
 def test_partition_rules_reproduce_the_specs(tmp_path, mesh24):
     workload = get_workload("gpt:tiny")
     rule = _rules(mesh24)["composite"]
-    config = ss.plan_config(rule, ss.BatchShardingRule(("dp",)), mesh24, workload=workload)
+    config = plan_config(rule, ss.BatchShardingRule(("dp",)), mesh24, workload=workload)
     path = ss.write_config(config, tmp_path / "rules.py", format="partition-rules")
     text = path.read_text()
     assert "from jax.sharding import PartitionSpec as P\n" in text
@@ -120,7 +121,7 @@ def test_partition_rules_reproduce_the_specs(tmp_path, mesh24):
 
 
 def test_partition_rules_need_resolved_specs(tmp_path, mesh24):
-    config = ss.plan_config(ss.AutoShardingRule(), ss.BatchShardingRule(), mesh24)
+    config = plan_config(ss.AutoShardingRule(), ss.BatchShardingRule(), mesh24)
     with pytest.raises(ValueError, match="partition rules need the winner's resolved specs"):
         ss.write_config(config, tmp_path / "rules.py", format="partition-rules")
 
@@ -130,7 +131,7 @@ def test_partition_rules_need_resolved_specs(tmp_path, mesh24):
 
 @pytest.fixture
 def plan_file(tmp_path, mesh24):
-    config = ss.plan_config(_rules(mesh24)["composite"], ss.BatchShardingRule(("dp",)),
+    config = plan_config(_rules(mesh24)["composite"], ss.BatchShardingRule(("dp",)),
                             mesh24, args=(TREE, BATCH))
     return ss.write_config(config, tmp_path / "plan.json")
 

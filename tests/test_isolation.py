@@ -12,6 +12,7 @@ from test_faults import segfaulting
 
 import shardsearch as ss
 from shardsearch.cli.render import results_table
+from shardsearch.search import Outcome
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.search.execution.inprocess import InProcess
 from shardsearch.search.execution.isolate import IsolationWarning
@@ -155,7 +156,7 @@ def test_the_log_lines_reach_the_study_and_the_results_table(mesh24, tmp_path):
     assert stored["log_count"] >= 1 and "rematerialization" in stored["log_first"]
     # Studies from before the fields existed still load.
     old = {k: v for k, v in stored.items() if k not in ("log_count", "log_first")}
-    assert ss.Outcome.from_json(old).log_count == 0
+    assert Outcome.from_json(old).log_count == 0
     config = ss.export_config(result, args=GATHER_ARGS)
     row = next(r for r in config["results"]["baselines"] if r["label"] == "default")
     assert row["log_lines"] == stored["log_count"]

@@ -17,6 +17,7 @@ from shardsearch.logical.axes import LeafAxes, LogicalAxes, LogicalAxis
 from shardsearch.logical.discover import discover_logical_axes
 from shardsearch.rules.explain import NO_RULE, explain_rule
 from shardsearch.rules.logical import LogicalAxisRule, compact, generalize
+from shardsearch.search import plan_config, rule_from_config
 from shardsearch.search.space.logical import split_rules
 from shardsearch.workloads import expert_plans, get_workload
 
@@ -119,12 +120,12 @@ def test_the_config_is_compact_and_round_trips(tmp_path):
     paths = [leaf[0] for leaf in config["arguments"][0]]
     assert paths.count("params/layers/*/attn/wq") == 1  # two layers held once
     assert "params/layers/0/attn/wq" not in paths
-    again = ss.rule_from_config(json.loads(json.dumps(config)), MESH)
+    again = rule_from_config(json.loads(json.dumps(config)), MESH)
     assert again == rule and again.to_config() == config
     tree = _tree_of(LEAVES)
     assert again.apply(tree) == rule.apply(tree)
     # Through a plan file.
-    path = ss.write_config(ss.plan_config(rule, rule, MESH), tmp_path / "plan.json")
+    path = ss.write_config(plan_config(rule, rule, MESH), tmp_path / "plan.json")
     loaded = ss.load_plan(path)
     assert loaded.rule.to_config() == config and loaded.batch_rule.to_config() == config
     assert ss.load_rule(path).apply(tree) == rule.apply(tree)
@@ -159,7 +160,7 @@ def test_a_config_naming_an_axis_the_mesh_lacks_fails_when_loaded():
     config = LogicalAxisRule(MESH, AXES, {"heads": "tp"}).to_config()
     other = ss.abstract_mesh((8,), ("x",))
     with pytest.raises(ValueError, match=r"where: malformed 'logical' rule .*'tp'"):
-        ss.rule_from_config(config, other, "where")
+        rule_from_config(config, other, "where")
 
 
 # --------------------------------------------------------------- the expert plans
@@ -238,7 +239,7 @@ def _logical_plan(workload, mesh, assignment):
     args = workload.abstract()
     axes = discover_logical_axes(workload.step, args)
     state_rule, batch_rule = split_rules(mesh, axes, assignment)
-    return ss.plan_config(state_rule, batch_rule, mesh, workload=workload)
+    return plan_config(state_rule, batch_rule, mesh, workload=workload)
 
 
 def test_logical_axis_rules_file_round_trips(tmp_path):
@@ -264,7 +265,7 @@ def test_logical_axis_rules_file_round_trips(tmp_path):
 
 
 def test_a_plan_that_is_not_logical_cannot_be_written_as_logical_rules(tmp_path):
-    config = ss.plan_config(ss.AutoShardingRule(MESH), ss.BatchShardingRule(("dp",)), MESH)
+    config = plan_config(ss.AutoShardingRule(MESH), ss.BatchShardingRule(("dp",)), MESH)
     with pytest.raises(ValueError, match="state rule is a 'auto' rule, not 'logical'"):
         ss.write_config(config, tmp_path / "x.json", format="logical-axis-rules")
     assert not (tmp_path / "x.json").exists()
@@ -341,7 +342,7 @@ def test_explain_command_prints_names_specs_and_reasons(tmp_path, capsys):
     rules = ss.write_config(config, tmp_path / "rules.json", format="logical-axis-rules")
     assert _cli.main(["explain", str(rules), "--mesh", "dp=2,tp=2"]) == 0
     assert "on mesh dp=2,tp=2" in capsys.readouterr().out
-    other = ss.write_config(ss.plan_config(ss.AutoShardingRule(MESH),
+    other = ss.write_config(plan_config(ss.AutoShardingRule(MESH),
                                            ss.BatchShardingRule(("dp",)), MESH, workload=tiny),
                             tmp_path / "auto.json")
     assert _cli.main(["explain", str(other)]) == 0
@@ -360,9 +361,9 @@ def test_explain_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, monke
                                                    capsys):
     monkeypatch.chdir(tmp_path)
     rule = LogicalAxisRule(MESH, AXES, {"heads": "tp"})
-    plan = ss.write_config(ss.plan_config(rule, rule, MESH, args=(_tree_of(LEAVES),)),
+    plan = ss.write_config(plan_config(rule, rule, MESH, args=(_tree_of(LEAVES),)),
                            tmp_path / "plan.json")
-    bare = ss.write_config(ss.plan_config(rule, rule, MESH), tmp_path / "bare.json")
+    bare = ss.write_config(plan_config(rule, rule, MESH), tmp_path / "bare.json")
     argv = [a.format(plan=plan, bare=bare) for a in argv]
     assert _cli.main(argv) == 2
     err = capsys.readouterr().err.splitlines()

@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
 from shardsearch.base import monitor as _monitor
+from shardsearch.search import make_context
 
 METRIC_KEYS = {"execution_time", "compile_time", "memory_usage", "validation_issues"}
 
@@ -305,7 +306,7 @@ def test_the_search_and_a_users_monitored_run_time_the_same_step(mesh24):
     from shardsearch.workloads import get_workload
 
     workload = get_workload("mlp:tiny")
-    ctx, _ = ss.make_context(workload, None, mesh24, warmup=2, repeats=9)
+    ctx, _ = make_context(workload, None, mesh24, warmup=2, repeats=9)
     specs, fp = _evaluate.resolve(baseline_candidates(workload, mesh24)["fsdp"], ctx)
     outcome = _evaluate.evaluate(specs, fp, ctx)
     assert outcome.status == "complete" and len(outcome.step_times) == 9

@@ -33,6 +33,7 @@ from shardsearch.base import spec as _spec
 from shardsearch.base.tree import leaf_specs
 from shardsearch.plan.reader import leaf_info, leaves_hash
 from shardsearch.rules.base import argument_specs
+from shardsearch.search import plan_config
 from shardsearch.search.evaluation.outcome import fingerprint
 
 # Same examples on every run and machine; nothing saved between runs.
@@ -184,7 +185,7 @@ def test_every_builtin_rule_gives_specs_the_analyzer_accepts(problem):
 def test_plan_files_round_trip_exactly(problem):
     mesh, args, rule, batch_rule = problem
     specs = argument_specs(rule, batch_rule, args)
-    config = ss.plan_config(rule, batch_rule, mesh, args=args)
+    config = plan_config(rule, batch_rule, mesh, args=args)
     with tempfile.TemporaryDirectory() as folder:
         path = ss.write_config(config, Path(folder) / "plan.json")
         text = path.read_text(encoding="utf-8")
@@ -196,7 +197,7 @@ def test_plan_files_round_trip_exactly(problem):
         assert plan.mismatch(args) is None
         assert [_flat_specs(t) for t in plan.apply(args)] == [_flat_specs(t) for t in specs]
         # Written again from what was read: the same bytes.
-        again = ss.plan_config(plan.rule, plan.batch_rule, plan.mesh, args=args)
+        again = plan_config(plan.rule, plan.batch_rule, plan.mesh, args=args)
         assert ss.write_config(again, Path(folder) / "again.json").read_text(
             encoding="utf-8") == text
 
@@ -211,8 +212,8 @@ def test_fingerprints_ignore_dict_insertion_order(problem):
     assert fingerprint(specs) == fingerprint(tuple(_reordered(t) for t in specs))
     assert leaves_hash([leaf_info(t) for t in args]) == \
         leaves_hash([leaf_info(t) for t in shuffled])
-    assert ss.plan_config(rule, batch_rule, mesh, args=args) == \
-        ss.plan_config(rule, batch_rule, mesh, args=shuffled)
+    assert plan_config(rule, batch_rule, mesh, args=args) == \
+        plan_config(rule, batch_rule, mesh, args=shuffled)
 
 
 # Concrete meshes on the 8 simulated devices (a smaller one uses the first devices).

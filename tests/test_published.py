@@ -240,7 +240,8 @@ def test_published_fields_are_checked():
 
 
 def test_the_published_budget_is_the_chip_or_the_published_plans_footprint():
-    from shardsearch.bench import HARDWARE, Entry, resolve_budget
+    from shardsearch import HARDWARE
+    from shardsearch.bench import Entry, resolve_budget
 
     published = {"chips": 8, "tflops_per_chip": 100, "plan": "fsdp_tp", "source": "t"}
     entry = Entry("e", "llama", "custom", "fsdp=8,tp=1", budget="published", spec=SMALL,
@@ -270,7 +271,8 @@ def test_a_custom_study_exports_without_naming_its_workload():
 
 
 def test_the_published_plan_is_estimated_without_a_budget_and_compared():
-    from shardsearch.bench import HARDWARE, estimate_published
+    from shardsearch import HARDWARE
+    from shardsearch.bench import estimate_published
 
     mesh = ss.create_mesh((4, 2), ("fsdp", "tp"))
     w = get_workload("llama:custom", **SMALL, compute_dtype="bfloat16",

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 import shardsearch as ss
 from shardsearch.rules import base as rules_base
 from shardsearch.rules import registered_kinds, rule_class
+from shardsearch.search import plan_config, rule_from_config
 
 BUILT_IN = ("auto", "composite", "memory", "shape", "path", "batch")
 
@@ -79,7 +80,7 @@ def _args():
 
 
 def _round_trip(rule, mesh):
-    return ss.rule_from_config(json.loads(json.dumps(rule.to_config())), mesh)
+    return rule_from_config(json.loads(json.dumps(rule.to_config())), mesh)
 
 
 # --------------------------------------------------------------------------
@@ -119,7 +120,7 @@ def test_custom_rule_round_trips_through_a_plan_file(tmp_path, mesh, nested):
         rule = ss.CompositeShardingRule(ss.AutoShardingRule(mesh, axis_names=("dp",)), rule)
     batch_rule = ss.BatchShardingRule(("dp",))
     args = _args()
-    path = ss.write_config(ss.plan_config(rule, batch_rule, mesh, args=args),
+    path = ss.write_config(plan_config(rule, batch_rule, mesh, args=args),
                            tmp_path / "plan.json")
     assert '"kind": "last-dim"' in path.read_text()
 
@@ -185,7 +186,7 @@ def test_redefining_the_same_class_replaces_it(tmp_path, monkeypatch, isolated_r
     assert module.Reloaded is not first
     assert rule_class("reloaded") is module.Reloaded
     assert registered_kinds() == kinds  # replaced in place, not appended
-    assert isinstance(ss.rule_from_config({"kind": "reloaded"}), module.Reloaded)
+    assert isinstance(rule_from_config({"kind": "reloaded"}), module.Reloaded)
 
 
 def test_a_subclass_that_inherits_a_kind_is_not_registered(isolated_registry):
@@ -221,14 +222,14 @@ def test_unknown_kind_lists_the_known_kinds_in_registration_order():
     known = registered_kinds()
     with pytest.raises(ValueError, match=re.escape(
             f"plan.json: state_rule: unknown rule kind 'last_dim'; known kinds: {known}")):
-        ss.rule_from_config({"kind": "last_dim", "axis": "tp"}, where="plan.json: state_rule")
+        rule_from_config({"kind": "last_dim", "axis": "tp"}, where="plan.json: state_rule")
     assert known[: len(BUILT_IN)] == BUILT_IN
 
 
 @pytest.mark.parametrize("kind", [["auto"], {"k": 1}, 3, None], ids=repr)
 def test_a_kind_that_is_not_a_string_is_unknown(kind):
     with pytest.raises(ValueError, match=r"^rule: unknown rule kind .*; known kinds: \('auto'"):
-        ss.rule_from_config({"kind": kind})
+        rule_from_config({"kind": kind})
 
 
 @pytest.mark.parametrize("config, match", [
@@ -240,7 +241,7 @@ def test_a_kind_that_is_not_a_string_is_unknown(kind):
 ], ids=["missing-field", "bad-field", "nested"])
 def test_malformed_custom_config_names_where_and_kind(config, match):
     with pytest.raises(ValueError, match=match):
-        ss.rule_from_config(config)
+        rule_from_config(config)
 
 
 def test_a_kind_without_from_config_says_how_to_fix_it(isolated_registry):
@@ -256,7 +257,7 @@ def test_a_kind_without_from_config_says_how_to_fix_it(isolated_registry):
     with pytest.raises(NotImplementedError, match=(
             r"^plan\.json: rule kind 'no-loader' \(.*NoLoader\) cannot be loaded from a config; "
             r"define a classmethod from_config\(cls, config, mesh, where\)")):
-        ss.rule_from_config({"kind": "no-loader"}, where="plan.json")
+        rule_from_config({"kind": "no-loader"}, where="plan.json")
 
 
 def test_from_config_must_return_a_rule(isolated_registry):
@@ -268,4 +269,4 @@ def test_from_config_must_return_a_rule(isolated_registry):
             return config
 
     with pytest.raises(TypeError, match=r"^rule: .*Confused\.from_config returned a dict, not"):
-        ss.rule_from_config({"kind": "confused"})
+        rule_from_config({"kind": "confused"})

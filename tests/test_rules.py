@@ -19,6 +19,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
+from shardsearch.search import parse_bytes, rule_from_config
 
 MESHES = {
     "8": ((8,), ("x",)),
@@ -579,7 +580,7 @@ def test_rules_with_no_mesh_use_the_context_mesh(any_mesh, kind):
 
 
 def rule_without_mesh(rule):
-    return ss.rule_from_config(json.loads(json.dumps(rule.to_config())), mesh=None)
+    return rule_from_config(json.loads(json.dumps(rule.to_config())), mesh=None)
 
 
 def test_rule_without_mesh_outside_a_context_fails():
@@ -595,7 +596,7 @@ def test_rule_without_mesh_outside_a_context_fails():
 def test_config_round_trip(any_mesh, kind):
     rule = _all_rules(any_mesh)[kind]
     config = rule.to_config()
-    back = ss.rule_from_config(json.loads(json.dumps(config)), mesh=any_mesh)
+    back = rule_from_config(json.loads(json.dumps(config)), mesh=any_mesh)
     assert back == rule
     assert back.to_config() == config
 
@@ -608,7 +609,7 @@ def test_config_round_trip_keeps_groups_and_unconstrained(mesh24):
         ss.PathShardingRule([(r"a|b", P(None, ("tp", "dp")))], fallback="error", mesh=mesh24),
     ]
     for rule in rules:
-        assert ss.rule_from_config(json.loads(json.dumps(rule.to_config())), mesh24) == rule
+        assert rule_from_config(json.loads(json.dumps(rule.to_config())), mesh24) == rule
 
 
 # --------------------------------------------------------------------------
@@ -749,12 +750,12 @@ def test_path_fallback_error_names_the_leaf(mesh24):
 ], ids=lambda x: json.dumps(x)[:50] if not isinstance(x, str) else None)
 def test_rule_from_config_errors(config, match):
     with pytest.raises(ValueError, match=match):
-        ss.rule_from_config(config)
+        rule_from_config(config)
 
 
 def test_rule_from_config_error_names_where():
     with pytest.raises(ValueError, match=r"^rules/tpu\.json#2: unknown rule kind"):
-        ss.rule_from_config({"kind": "x"}, where="rules/tpu.json#2")
+        rule_from_config({"kind": "x"}, where="rules/tpu.json#2")
 
 
 def test_rule_mesh_must_be_a_mesh():
@@ -827,7 +828,7 @@ DESCRIBE_CASES = [
 def test_describe(rule, lines):
     assert rule.describe() == lines
     # A rule reads the same loaded from its config, whatever mesh it is bound to.
-    assert ss.rule_from_config(json.loads(json.dumps(rule.to_config()))).describe() == lines
+    assert rule_from_config(json.loads(json.dumps(rule.to_config()))).describe() == lines
 
 
 # --------------------------------------------------------------------------
@@ -840,7 +841,7 @@ def test_describe(rule, lines):
     (2.5e3, 2500), ("3kib", 3072),
 ], ids=repr)
 def test_parse_bytes(text, expected):
-    assert ss.parse_bytes(text) == expected
+    assert parse_bytes(text) == expected
 
 
 @pytest.mark.parametrize("value, match", [
@@ -865,4 +866,4 @@ def test_parse_bytes(text, expected):
 ], ids=repr)
 def test_parse_bytes_errors(value, match):
     with pytest.raises(ValueError, match=match):
-        ss.parse_bytes(value)
+        parse_bytes(value)

@@ -11,6 +11,7 @@ from shardsearch.cost.chips import HARDWARE, LEGACY
 from shardsearch.cost.hardware import HardwareModel
 from shardsearch.cost.hlo import Collective, CollectiveSummary, HloCost
 from shardsearch.cost.program import ProgramCost, XlaMemory
+from shardsearch.search import Outcome
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.search.evaluation import objectives as _objectives
 from shardsearch.search.evaluation.objectives import Objective, get_objective, register_objective
@@ -51,21 +52,21 @@ def test_stage_ints_labels_and_summary_keys_are_the_stored_ones():
 
 
 def test_outcomes_keep_the_stored_form_and_check_status_against_stage():
-    outcome = ss.Outcome("ab12", "cut", 2, "over the budget")
+    outcome = Outcome("ab12", "cut", 2, "over the budget")
     assert outcome.cut_stage is Stage.COMPILE and outcome.cut_stage.id == 2
     assert outcome.status is CUT and outcome.status == "cut"
     data = outcome.to_json()
     assert (type(data["status"]), type(data["cut_stage"])) == (str, int)
     assert json.loads(json.dumps(data))["cut_stage"] == 2
-    assert ss.Outcome.from_json(json.loads(json.dumps(data))) == outcome
+    assert Outcome.from_json(json.loads(json.dumps(data))) == outcome
     with pytest.raises(ValueError, match="the statuses are"):
-        ss.Outcome("ab12", "pruned")
+        Outcome("ab12", "pruned")
     with pytest.raises(ValueError, match=r"cut_stage=7; the statuses .* stored ids \(1, 2, 4, 3\)"):
-        ss.Outcome("ab12", CUT, 7)
+        Outcome("ab12", CUT, 7)
     with pytest.raises(ValueError, match="a cut outcome names the stage"):
-        ss.Outcome("ab12", CUT)
+        Outcome("ab12", CUT)
     with pytest.raises(ValueError, match="a cut outcome names the stage"):
-        ss.Outcome("ab12", FAILED, 1)
+        Outcome("ab12", FAILED, 1)
 
 
 @pytest.fixture(scope="module")

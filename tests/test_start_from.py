@@ -12,6 +12,7 @@ from shardsearch.plan.writer import logical_axis_rules_config
 from shardsearch.rules.auto import AutoShardingRule
 from shardsearch.rules.batch import BatchShardingRule
 from shardsearch.rules.composite import CompositeShardingRule
+from shardsearch.search import plan_config
 from shardsearch.search.space.baselines import start_candidates
 from shardsearch.workloads import get_workload
 
@@ -27,7 +28,7 @@ def _tp_only(mesh):
 
 def _write_plan(path, mesh, workload="mlp:tiny"):
     rule, batch = _tp_only(mesh)
-    ss.write_config(ss.plan_config(rule, batch, mesh, workload=get_workload(workload)), path)
+    ss.write_config(plan_config(rule, batch, mesh, workload=get_workload(workload)), path)
     return path
 
 

@@ -48,15 +48,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardsearch import (
-    abstract_mesh,
-    create_mesh,
-    make_context,
-    make_space,
-    parse_mesh,
-    use_cpu_devices,
-)
-from shardsearch.bench import evaluate, machine_info, make_sampler, resolve, retime
+from shardsearch import abstract_mesh, create_mesh, parse_mesh, use_cpu_devices
+from shardsearch.bench import machine_info
+from shardsearch.search import evaluate, make_context, make_sampler, make_space, resolve, retime
 from shardsearch.workloads import get_workload
 
 # "tpe" is the sampler `optimize` uses; "tpe-grouped" is the multivariate TPE

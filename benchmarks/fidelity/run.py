@@ -59,17 +59,15 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from shardsearch import HardwareModel, Objective, create_mesh, make_space, parse_mesh
-from shardsearch.bench import (
-    HARDWARE,
+from shardsearch import HARDWARE, HardwareModel, Objective, create_mesh, parse_mesh
+from shardsearch.bench import load_suite, machine_info, prepare_devices
+from shardsearch.search import (
     Topology,
     baseline_candidates,
     evaluate,
     get_objective,
-    load_suite,
-    machine_info,
     make_context,
-    prepare_devices,
+    make_space,
     resolve,
 )
 from shardsearch.workloads import get_workload

@@ -37,15 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from shardsearch import HardwareModel, Hybrid, create_mesh, optimize, parse_mesh
-from shardsearch.bench import (
-    faster_than,
-    load_suite,
-    machine_info,
-    make_context,
-    prepare_devices,
-    resolve_budget,
-    retime,
-)
+from shardsearch.bench import load_suite, machine_info, prepare_devices, resolve_budget
+from shardsearch.search import faster_than, make_context, retime
 from shardsearch.workloads import get_workload
 
 DEFAULT_ENTRIES = ("mlp-small-dp2-tp4", "gpt-small-dp2-tp4", "llama-small-dp8",

@@ -30,7 +30,7 @@ def one_mode(workload_name: str, dims: tuple[int, ...], isolate: bool) -> dict:
 
     jax.config.update("jax_num_cpu_devices", 8)
     import shardsearch as ss
-    from shardsearch.bench import baseline_candidates, evaluate, make_context, resolve
+    from shardsearch.search import baseline_candidates, evaluate, make_context, resolve
     from shardsearch.workloads import get_workload
 
     names = ("dp", "tp", "pp")[: len(dims)]

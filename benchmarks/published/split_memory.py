@@ -32,8 +32,8 @@ from pathlib import Path
 
 import jax
 
-from shardsearch import create_mesh
-from shardsearch.bench import HARDWARE, estimate_published, load_suite, prepare_devices
+from shardsearch import HARDWARE, create_mesh
+from shardsearch.bench import estimate_published, load_suite, prepare_devices
 from shardsearch.workloads import get_workload
 
 OUT = Path("benchmarks/results/published/split_memory.md")

@@ -36,15 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from shardsearch import create_mesh, load_plan, parse_mesh
-from shardsearch.bench import (
-    baseline_candidates,
-    format_speedup,
-    load_suite,
-    make_context,
-    prepare_devices,
-    retime,
-    speedup,
-)
+from shardsearch.bench import format_speedup, load_suite, prepare_devices, speedup
+from shardsearch.search import baseline_candidates, make_context, retime
 from shardsearch.workloads import get_workload
 
 BEST_EXPERT = "best_expert"

@@ -1,12 +1,73 @@
-"""The search: propose candidates, evaluate each, record them, confirm the winner.
+"""The search's parts, for extensions, benchmarks and studies.
 
-In pipeline order: `candidate` (what one trial tries), `params` and `space`
-(Optuna parameters → a candidate), `stages` (how an evaluation can end),
-`evaluate` (check, compile, score a candidate), `objectives` (what a
-compiled candidate is worth), `confirm` (interleaved re-timing), `context`
-(what is fixed for a study), `storage` (study storage, sampler, compile
-cache), `identity` (what a study searched; a resumed run must match),
-`ownership` (who runs a trial: heartbeats, stale trials, claimed baselines),
-`record` (a trial as stored), `loop` (`optimize`), `finish` (the
-winner), `result` (`OptimizeResult`), `export` (a study → a plan).
+Users need only `shardsearch` (optimize, plans, rules); this front names what
+is behind it, laid out by job (docs/architecture.md):
+
+- `space/`: what one trial tries: `Candidate`, `SearchSpace`, `make_space`,
+  the warm-start `baseline_plans` / `baseline_candidates`.
+- `evaluation/`: judging one candidate: `Stage`, `Status`, `Outcome`,
+  `fingerprint`, `Context`, `resolve`, `evaluate`, `Objective` and the
+  registry (`register_objective`, `get_objective`, `OBJECTIVES`), the
+  interleaved re-timing (`retime`, `Timing`, `median_ci`, `faster_than`) and
+  the output check (`compare_outputs`).
+- `execution/`: where candidates run: the `Executor` protocol, `InProcess`.
+- `study/`: `TrialRecord`, `make_sampler`, `confirm_study`'s storage.
+- The driver: `SearchSettings`, `make_context`, `StudySetup`, `prepare`,
+  `optimize`, `OptimizeResult`, `export_config`, `confirm_study`.
+
+Also re-exported for extensions: `ProgramCost` and `Topology` (what a
+`HardwareModel` subclass prices), `registered_kinds` and `rule_from_config`
+(rule kinds), `plan_config` (a plan's data without writing it) and
+`parse_bytes`.
 """
+
+from ..base.units import parse_bytes as parse_bytes
+from ..cost.program import ProgramCost as ProgramCost
+from ..cost.topology import Topology as Topology
+from ..plan.writer import plan_config as plan_config
+from ..rules.base import registered_kinds as registered_kinds
+from ..rules.base import rule_from_config as rule_from_config
+from .evaluation.confirm import Timing as Timing
+from .evaluation.confirm import compare_outputs as compare_outputs
+from .evaluation.confirm import faster_than as faster_than
+from .evaluation.confirm import median_ci as median_ci
+from .evaluation.confirm import retime as retime
+from .evaluation.context import Context as Context
+from .evaluation.evaluate import evaluate as evaluate
+from .evaluation.evaluate import resolve as resolve
+from .evaluation.objectives import OBJECTIVES as OBJECTIVES
+from .evaluation.objectives import Hybrid as Hybrid
+from .evaluation.objectives import Objective as Objective
+from .evaluation.objectives import get_objective as get_objective
+from .evaluation.objectives import register_objective as register_objective
+from .evaluation.outcome import Outcome as Outcome
+from .evaluation.outcome import fingerprint as fingerprint
+from .evaluation.stages import Stage as Stage
+from .evaluation.stages import Status as Status
+from .execution.base import Executor as Executor
+from .execution.inprocess import InProcess as InProcess
+from .export import export_config as export_config
+from .loop import optimize as optimize
+from .reconfirm import confirm_study as confirm_study
+from .result import OptimizeResult as OptimizeResult
+from .setup import SearchSettings as SearchSettings
+from .setup import StudySetup as StudySetup
+from .setup import make_context as make_context
+from .setup import prepare as prepare
+from .space.baselines import baseline_candidates as baseline_candidates
+from .space.baselines import baseline_plans as baseline_plans
+from .space.baselines import make_space as make_space
+from .space.candidate import Candidate as Candidate
+from .space.searchspace import SearchSpace as SearchSpace
+from .study.record import TrialRecord as TrialRecord
+from .study.storage import make_sampler as make_sampler
+
+__all__ = [
+    "OBJECTIVES", "Candidate", "Context", "Executor", "Hybrid", "InProcess", "Objective",
+    "OptimizeResult", "Outcome", "ProgramCost", "SearchSettings", "SearchSpace", "Stage",
+    "Status", "StudySetup", "Timing", "Topology", "TrialRecord", "baseline_candidates",
+    "baseline_plans", "compare_outputs", "confirm_study", "evaluate", "export_config",
+    "faster_than", "fingerprint", "get_objective", "make_context", "make_sampler",
+    "make_space", "median_ci", "optimize", "parse_bytes", "plan_config", "prepare",
+    "register_objective", "registered_kinds", "resolve", "retime", "rule_from_config",
+]

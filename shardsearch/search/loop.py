@@ -100,7 +100,7 @@ def optimize(
       confirm_rounds: interleaved re-timing rounds at the end (0 to skip).
       compile_timeout: seconds after which a compile counts as failed.
       hardware: the model behind the objectives that estimate ("static",
-        "hybrid"): a `HardwareModel`, e.g. `cost.chips.HARDWARE["tpu-v5e"]`
+        "hybrid"): a `HardwareModel`, e.g. `shardsearch.HARDWARE["tpu-v5e"]`
         or `HardwareModel.load("calibration.json")`; default by platform.
         The study and the plan file's "hardware" section name it.
       compile_cache: a folder for JAX's persistent compilation cache, so a

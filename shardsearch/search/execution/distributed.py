@@ -194,7 +194,7 @@ def settings(distributed: Distributed | None, isolate: bool | None) -> Distribut
         if distributed is not None:
             raise ValueError(
                 "optimize: distributed= needs several JAX processes, but this one runs "
-                "alone; call shardsearch.search.distributed.initialize(...) first thing in "
+                "alone; call shardsearch.initialize_distributed(...) first thing in "
                 "every process (or `shardsearch launch`)")
         return None
     if isolate:
