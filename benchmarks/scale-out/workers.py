@@ -8,8 +8,8 @@ time, from the start of the processes, until the study held D distinct
 candidates, D the smaller of the two modes' totals: the same work done, by
 one worker or by K. Speedup = time with 1 worker / time with K.
 
-Usage (from the repository root; a PostgreSQL database, as in the README's
-"Across machines"):
+Usage (from the repository root; a PostgreSQL database, as in docs/studies.md,
+"K workers on one PostgreSQL study"):
     python benchmarks/scale-out/workers.py --storage postgresql://u:pw@127.0.0.1/db
         [--entry llama-7b-dp8-tp8] [--trials 24] [--workers 2]
         [--out benchmarks/results/scale-out]

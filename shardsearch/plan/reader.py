@@ -3,8 +3,8 @@
 Reading parses JSON only — nothing a file names is imported, evaluated or
 unpickled — and checks every field, naming the file in each error. A loaded
 `ShardingPlan` gives the recorded specs for the arguments it was found for
-and applies its rules afresh, with a warning, to anything else. The README's
-"The exported file" documents every field.
+and applies its rules afresh, with a warning, to anything else. docs/plan-files.md
+documents every field.
 """
 
 from __future__ import annotations

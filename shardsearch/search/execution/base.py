@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..evaluation.confirm import Timing
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..evaluation.outcome import Outcome
 
 
+@runtime_checkable
 class Executor(Protocol):
     """Runs the jobs of one study's evaluations somewhere.
 

@@ -148,8 +148,8 @@ def _storage_hint(url: str, err: Exception) -> str:
     if type(err).__name__ == "OperationalError" and not scheme.startswith("sqlite"):
         return ("check that the server runs on that host and port and that the user, "
                 "password and database are right" + (
-                    " (a database is made with createdb -O USER NAME; see the README, "
-                    "'Across machines')" if postgres else ""))
+                    " (a database is made with createdb -O USER NAME; see docs/studies.md, "
+                    "'K workers on one PostgreSQL study')" if postgres else ""))
     return "give an Optuna storage URL such as sqlite:///path/to/studies.db"
 
 
