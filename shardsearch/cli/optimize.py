@@ -39,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a built-in workload (gpt:small, llama:tiny, mlp:tiny, ...), a "
                         "shape of your own as llama:custom:SHAPE.json or gpt:custom:SHAPE.json "
                         "(a JSON object of layers, d_model, heads, d_ff, vocab, seq, batch, ...; "
-                        "see docs/workloads.md), or a factory 'package.module:function' returning a "
-                        "Workload")
+                        "see docs/workloads.md), or a factory 'package.module:function' "
+                        "returning a Workload")
     p.add_argument("--mesh", required=True, metavar="AXES",
                    help="mesh axes as name=size pairs, e.g. dp=2,tp=4 (one size may be -1: "
                         "the remaining devices)")
