@@ -17,7 +17,7 @@ files written before, have neither key.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -34,17 +34,22 @@ from .study.identity import check_workload
 from .study.ownership import INTERRUPTED
 from .study.record import TrialRecord, summarize
 
+if TYPE_CHECKING:
+    from ..workloads import Workload
+    from .result import OptimizeResult
+
 # Baselines that are reference points rather than plans an expert would write.
 NOT_EXPERT = ("replicated", "default", "search")
 
 
 def export_config(
-    source: Any,
+    source: OptimizeResult | optuna.Study,
     *,
-    workload: Any = None,
+    workload: Workload | None = None,
     args: Sequence[Any] | None = None,
     trial: int | None = None,
 ) -> dict[str, Any]:
+
     """The schema-1 plan of a search's winner (or of one trial), as JSON-ready data.
 
     The specs are resolved on abstract arguments with an abstract mesh built
@@ -105,7 +110,9 @@ def export_config(
     }
 
 
-def _gather(source: Any) -> tuple[optuna.Study, list[TrialRecord], dict[str, Any] | None]:
+def _gather(
+    source: OptimizeResult | optuna.Study,
+) -> tuple[optuna.Study, list[TrialRecord], dict[str, Any] | None]:
     """The study, its trial records, and optimize's summary (None if unfinished)."""
     if isinstance(source, optuna.Study):
         records = [r for t in source.get_trials(deepcopy=False)

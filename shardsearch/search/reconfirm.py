@@ -11,7 +11,7 @@ here ("confirmed_by").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 
@@ -25,6 +25,9 @@ from .study.identity import check_workload
 from .study.record import TrialRecord
 from .study.storage import open_study
 
+if TYPE_CHECKING:
+    from ..workloads import Workload
+
 # The "confirmed_by" of a result `confirm_study` stored.
 CONFIRMED_BY_COMMAND = "shardsearch confirm"
 
@@ -34,11 +37,12 @@ def confirm_study(
     study_name: str,
     *,
     mesh: jax.sharding.Mesh,
-    workload: Any = None,
+    workload: Workload | None = None,
     rounds: int = 10,
     warmup: int = 2,
     repeats: int = 7,
 ) -> OptimizeResult:
+
     """Re-times the finalists of a stored study on `mesh` and records the winner.
 
     Args:

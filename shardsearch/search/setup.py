@@ -17,7 +17,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -37,6 +37,9 @@ from .space.candidate import Candidate
 from .space.logical import SPACES
 from .space.searchspace import SearchSpace
 from .study.storage import check_study_name
+
+if TYPE_CHECKING:
+    from ..workloads import Workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +152,7 @@ class StudySetup:
     """
 
     context: Context
-    workload: Any
+    workload: Workload | None
     settings: SearchSettings
     space: SearchSpace
     baselines: Mapping[str, Candidate]
@@ -179,7 +182,7 @@ class StudySetup:
         return dataclasses.replace(self.context, executor=InProcess(), compiles=0)
 
 
-def prepare(ctx: Context, workload: Any, settings: SearchSettings,
+def prepare(ctx: Context, workload: Workload | None, settings: SearchSettings,
             starts: Mapping[str, Candidate]) -> StudySetup:
     """The study's setup on a built context: discovers the logical axes once
     (when the space needs them), builds the baselines and the reference, and
@@ -364,7 +367,7 @@ def make_context(
     return ctx, workload
 
 
-def _host_args(workload: Any, args: tuple[Any, ...], seed: int,
+def _host_args(workload: Workload | None, args: tuple[Any, ...], seed: int,
                objective: Objective) -> Callable[[], Any]:
     if _is_concrete(args):
         host = jax.device_get(args)

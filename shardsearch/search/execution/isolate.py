@@ -55,7 +55,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -67,6 +67,9 @@ from ..evaluation.outcome import Outcome
 from ..evaluation.stages import FAILED
 from .base import Base
 from .transport import package_step, travels
+
+if TYPE_CHECKING:
+    from ...workloads import Workload
 
 # Seconds a new worker may take to import JAX, load the step and say it is ready.
 START_TIMEOUT = 300.0
@@ -172,7 +175,7 @@ class Isolation(Base):
         self._finalizer = weakref.finalize(self, _cleanup, folder, self._live)
 
     @classmethod
-    def prepare(cls, ctx: Context, workload: Any, forced: bool) -> Isolation | None:
+    def prepare(cls, ctx: Context, workload: Workload | None, forced: bool) -> Isolation | None:
         """Packs the context's step, arguments and settings for a worker.
 
         Returns None, with an `IsolationWarning`, when they cannot travel and

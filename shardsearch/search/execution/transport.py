@@ -39,14 +39,17 @@ import importlib.util
 import pickle
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from ..evaluation.evaluate import error_line
 
+if TYPE_CHECKING:
+    from ...workloads import Workload
 
-def package_step(step: Any, workload: Any, abstract_args: Sequence[Any],
+
+def package_step(step: Any, workload: Workload | None, abstract_args: Sequence[Any],
                  platform: str) -> tuple[tuple[Any, ...] | None, str]:
     """How `step` can reach a worker: `(("export", bytes), "")`, or by reference
     `(("workload", name, digest) | ("function", step, digest), "")`, or

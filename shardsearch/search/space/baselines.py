@@ -12,7 +12,7 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -30,9 +30,12 @@ from .candidate import Candidate
 from .logical import SPACES, batch_axis_names, split_rules
 from .searchspace import SearchSpace
 
+if TYPE_CHECKING:
+    from ...workloads import Workload
+
 
 def baseline_candidates(
-    workload: Any, mesh: Any, args: Sequence[Any] | None = None,
+    workload: Workload | None, mesh: Any, args: Sequence[Any] | None = None,
     logical: LogicalAxes | None = None,
 ) -> dict[str, Candidate]:
     """The warm-start baselines: `baseline_plans(...)`'s candidates."""
@@ -40,7 +43,7 @@ def baseline_candidates(
 
 
 def baseline_plans(
-    workload: Any, mesh: Any, args: Sequence[Any] | None = None,
+    workload: Workload | None, mesh: Any, args: Sequence[Any] | None = None,
     logical: LogicalAxes | None = None,
 ) -> tuple[dict[str, Candidate], dict[str, str]]:
     """The baselines every search starts from, and why the others do not apply.

@@ -26,13 +26,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...base import mesh as _mesh
 from ...logical.axes import LogicalAxes
 from ...rules.axes import AxisEntry
 from ...rules.logical import LogicalAxisRule
 from .params import Draft, Param, ParamBlock
+
+if TYPE_CHECKING:
+    from .searchspace import SearchSpace
 
 FAMILIES = ("rules", "logical")
 SPACES = ("rules", "logical", "both")
@@ -120,10 +123,10 @@ def _sub_rule(mesh: _mesh.AnyMesh, logical: LogicalAxes, arguments: Sequence[Any
 class FamilyBlock(ParamBlock):
     """`family ∈ {"rules", "logical"}`: which family builds the state rule."""
 
-    def params(self, space: Any) -> tuple[Param, ...]:
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
         return (Param.categorical("family", FAMILIES),)
 
-    def build(self, space: Any, values: Mapping[str, Any], draft: Draft) -> Draft:
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
         return draft
 
 
@@ -138,11 +141,11 @@ class When(ParamBlock):
     block: ParamBlock
     family: str
 
-    def params(self, space: Any) -> tuple[Param, ...]:
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
         return tuple(dataclasses.replace(p, when=(("family", self.family), *p.when))
                      for p in self.block.params(space))
 
-    def build(self, space: Any, values: Mapping[str, Any], draft: Draft) -> Draft:
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
         if values.get("family") != self.family:
             return draft
         return self.block.build(space, values, draft)
@@ -157,12 +160,12 @@ class LogicalBlock(ParamBlock):
     assignment's `LogicalAxisRule`s (`split_rules`).
     """
 
-    def params(self, space: Any) -> tuple[Param, ...]:
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
         choices = group_choices(space.axes)
         return tuple(Param.categorical(f"logical_{name}", choices)
                      for name in space.logical_axes())
 
-    def build(self, space: Any, values: Mapping[str, Any], draft: Draft) -> Draft:
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
         logical = space.logical
         assignment: dict[str, Any] = {
             name: parse_key(values[f"logical_{name}"]) for name in space.logical_axes()}

@@ -14,12 +14,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from ...rules.base import ShardingRule
 from .candidate import Candidate
+
+if TYPE_CHECKING:
+    from .searchspace import SearchSpace
 
 # What Optuna stores for a categorical choice (its distributions' JSON form).
 _CHOICE_TYPES = (type(None), bool, int, float, str)
@@ -148,9 +151,9 @@ class ParamBlock(abc.ABC):
     """
 
     @abc.abstractmethod
-    def params(self, space: Any) -> tuple[Param, ...]:
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
         """This block's parameters, in the order a trial is asked for them."""
 
     @abc.abstractmethod
-    def build(self, space: Any, values: Mapping[str, Any], draft: Draft) -> Draft:
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
         """`draft` with this block's piece added, from the chosen `values`."""

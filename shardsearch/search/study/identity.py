@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import optuna
@@ -27,6 +27,9 @@ from ...base import mesh as _mesh
 from ...base import tree as _tree
 from ..space.searchspace import SPACE_VERSION
 from . import attrs as _attrs
+
+if TYPE_CHECKING:
+    from ...workloads import Workload
 
 # The study user attribute that holds `StudyIdentity.to_json()`.
 IDENTITY_ATTR = _attrs.IDENTITY
@@ -141,7 +144,7 @@ def arguments_fingerprint(args: Sequence[Any]) -> str:
     return digest.hexdigest()[:16]
 
 
-def identity_of(workload: Any, args: Sequence[Any], mesh: Any, objective: str,
+def identity_of(workload: Workload | None, args: Sequence[Any], mesh: Any, objective: str,
                 space: str = DEFAULT_SPACE) -> StudyIdentity:
     """The identity of a search of `workload` (or, when None, a raw step on
     `args`) on `mesh` with `objective` over `space`."""
@@ -195,7 +198,7 @@ def bind_study(study: optuna.Study, identity: StudyIdentity) -> None:
         study.set_user_attr(IDENTITY_ATTR, identity.to_json())
 
 
-def check_workload(study: optuna.Study, workload: Any = None,
+def check_workload(study: optuna.Study, workload: Workload | None = None,
                    args: Sequence[Any] | None = None) -> None:
     """Checks that the workload (or arguments) an export resolves specs on is
     the one `study` searched.
