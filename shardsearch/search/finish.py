@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import optuna
 from ..base import mesh as _mesh
 from ..rules.base import rule_from_config
 from .evaluation import confirm as _confirm
+from .evaluation.outcome import fingerprint
 from .evaluation.stages import COMPLETE
 from .result import OptimizeResult
 from .setup import StudySetup
@@ -70,22 +72,30 @@ def finish(
     for r in complete:
         if r.label != "search":
             baselines.setdefault(r.label, r.outcome.value)
-    ranked = list(by_fp.values())
-    finalists = ranked[:3]
-    base_records = sorted((r for r in complete if r.label != "search"),
-                          key=lambda r: r.outcome.value)
+    checked: dict[int, bool] = {}
+
+    def usable(r: TrialRecord) -> bool:
+        if r.number not in checked:
+            checked[r.number] = _usable(r, setup, specs)
+        return checked[r.number]
+
+    finalists = [r for r in by_fp.values() if usable(r)][:3]
+    if not finalists:
+        raise RuntimeError(
+            f"no completed candidate of study {study.study_name!r} fits this run's budget of "
+            f"{ctx.budget} bytes per device with the rules it recorded; raise the budget or "
+            "start another study")
+    base_records = [r for r in sorted((r for r in complete if r.label != "search"),
+                                      key=lambda r: r.outcome.value) if usable(r)]
     # The best baseline and every other one close to the best time: values
     # from the search were measured minutes apart, and a plan 20% behind
     # there can come out ahead when timed side by side.
     seen = {f.outcome.fingerprint for f in finalists}
     for i, r in enumerate(base_records):
         if r.outcome.fingerprint not in seen and (
-                i == 0 or r.outcome.value <= ranked[0].outcome.value * CONFIRM_WITHIN):
+                i == 0 or r.outcome.value <= finalists[0].outcome.value * CONFIRM_WITHIN):
             finalists.append(r)
             seen.add(r.outcome.fingerprint)
-    for r in finalists:
-        if r.outcome.fingerprint not in specs:
-            specs[r.outcome.fingerprint] = _stored_candidate(r, mesh).specs(ctx.abstract_args)
     confirmation: dict[str, Any] = {}
     verdict = "unconfirmed"
     winner = finalists[0]
@@ -165,6 +175,35 @@ def _footprint(finalist: tuple[Any, ...]) -> float:
 
 def _name(record: TrialRecord) -> str:
     return record.label if record.label != "search" else f"trial {record.number}"
+
+
+class FinalistWarning(UserWarning):
+    """A completed trial left out of the finalists: over this run's budget, or
+    its stored rules no longer give the specs it was evaluated with."""
+
+
+def _usable(record: TrialRecord, setup: StudySetup, specs: dict[str, tuple[Any, ...]]) -> bool:
+    """Whether a completed trial may be a finalist of this run: within its
+    budget, and (for a trial only the study holds) its stored rules still
+    give the specs whose fingerprint it recorded. Fills `specs` for it."""
+    ctx, fp = setup.context, record.outcome.fingerprint
+    total = record.outcome.memory.get("total")
+    if ctx.budget is not None and total is not None and total > ctx.budget:
+        warnings.warn(FinalistWarning(
+            f"trial {record.number} ({record.label}) is left out of the finalists: XLA "
+            f"needs {total} bytes per device, over this run's budget of {ctx.budget}"),
+            stacklevel=4)
+        return False
+    if fp not in specs:
+        rebuilt = _stored_candidate(record, ctx.mesh).specs(ctx.abstract_args)
+        if fingerprint(rebuilt) != fp:
+            warnings.warn(FinalistWarning(
+                f"trial {record.number} ({record.label}) is left out of the finalists: its "
+                f"stored rules now give specs with fingerprint {fingerprint(rebuilt)}, not the "
+                f"{fp} it was evaluated with (the rules' code changed since)"), stacklevel=4)
+            return False
+        specs[fp] = rebuilt
+    return True
 
 
 def _stored_candidate(record: TrialRecord, mesh: Any) -> Candidate:

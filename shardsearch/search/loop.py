@@ -32,7 +32,7 @@ from .space.baselines import start_candidates
 from .space.candidate import Candidate
 from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
-from .study.identity import bind_study, identity_of
+from .study.identity import IdentityMismatch, bind_study, identity_of, trial_values
 from .study.ownership import (
     BaselineClaims,
     Heartbeat,
@@ -173,7 +173,7 @@ def optimize(
         # A step that gives NaN or Inf even under the replicated plan is broken
         # itself, and no trial should run.
         _evaluate.preflight(ctx, setup.reference_specs)
-        study = _open(setup)
+        study, setup = _open(setup)
         runner = _Runner(study, setup)
         # The workers sharing the study: the last one to finish confirms.
         roster = (Roster(study) if ctx.objective.confirms and settings.confirm_rounds
@@ -198,9 +198,15 @@ def optimize(
     return result
 
 
-def _open(setup: StudySetup) -> optuna.Study:
+def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:
     """Opens (or creates) the study, checks that it searched what this run
-    searches, and records what `shardsearch export` needs."""
+    searches, and records what `shardsearch export` needs.
+
+    A default-named study that searched the same step with other values (a
+    budget, a hardware model, timing settings, another host) is left alone:
+    this run opens `<name>~<hash of its values>` instead, so runs that differ
+    only there never share trials. A name the user gave is refused then.
+    """
     ctx, settings, space = setup.context, setup.settings, setup.space
     scorer, mesh = ctx.objective, ctx.mesh
     with warnings.catch_warnings():
@@ -208,10 +214,20 @@ def _open(setup: StudySetup) -> optuna.Study:
         pruner = (optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
                   if scorer.prunes_while_timing else optuna.pruners.NopPruner())
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    identity = identity_of(setup.workload, ctx.abstract_args, mesh, scorer.name, space.space,
+                           trial_values(ctx))
     study = open_study(settings.storage, setup.study_name, make_sampler(settings.seed), pruner)
     # Before any write: a study resumes only the search that started it.
-    bind_study(study, identity_of(setup.workload, ctx.abstract_args, mesh, scorer.name,
-                                  space.space))
+    try:
+        bind_study(study, identity)
+    except IdentityMismatch:
+        if settings.study_name is not None:
+            raise
+        setup = dataclasses.replace(
+            setup, study_name=f"{setup.study_name}~{identity.values_hash()}")
+        study = open_study(settings.storage, setup.study_name, make_sampler(settings.seed),
+                           pruner)
+        bind_study(study, identity)
     fail_stale_trials(study)  # the RUNNING trials of runs that died become "interrupted"
     device = mesh.devices.flat[0]
     hardware = {"platform": device.platform, "device_kind": device.device_kind,
@@ -230,7 +246,7 @@ def _open(setup: StudySetup) -> optuna.Study:
     # A run that dies before finishing must not leave an older run's winner
     # looking current to `shardsearch export`.
     study.set_user_attr(attrs.RESULT, None)
-    return study
+    return study, setup
 
 
 class _Runner:

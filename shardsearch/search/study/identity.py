@@ -1,22 +1,30 @@
-"""What a study searched: the step, the mesh, the objective and the space.
+"""What a study searched: the step, the mesh, the objective, the space, and
+everything else that changes a trial's value.
 
 A study's trials answer one question. A run that resumes the study with
 another workload, mesh, objective or space would mix answers to different
 questions (or fail deep in Optuna on a parameter whose range moved), and
-`shardsearch export` would then resolve the winner on the wrong model. So
+`shardsearch export` would then resolve the winner on the wrong model. A run
+with another memory budget, hardware model, set of cross-host axes, timing
+settings or (for measured values) host would rank trials valued under other
+rules beside its own: a winner over the new budget, or a CPU estimate beside
+an H100 one. So
 `optimize` records a `StudyIdentity` in the study, and on resume refuses a
 run whose identity differs before it writes anything (`bind_study`);
 `export_config` checks a workload it is given against it (`check_workload`).
 
 Studies recorded before identities were keep resuming: their `workload`,
 `mesh` and `objective` attributes give the part of the identity they know,
-and the first resumed run fills in the rest.
+and the first resumed run fills in the rest; those studies, and studies
+recorded before `values` were, have no `values` and are compared without them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import socket
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +38,7 @@ from . import attrs as _attrs
 
 if TYPE_CHECKING:
     from ...workloads import Workload
+    from ..evaluation.context import Context
 
 # The study user attribute that holds `StudyIdentity.to_json()`.
 IDENTITY_ATTR = _attrs.IDENTITY
@@ -52,6 +61,11 @@ class StudyIdentity:
       space: the search space's families: "rules", "logical" or "both".
       space_version: `search.space.SPACE_VERSION` of the space that proposed
         the trials (its parameter names, kinds and order).
+      values: what else changes a trial's value, as `(name, value)` pairs
+        (`trial_values`): the budget, and the hardware model (its name and a
+        hash of its JSON) with the cross-host axes for an objective that
+        estimates, the warm-up and timed steps and the host for one that
+        measures. None when not recorded (an older study).
 
     Example:
       >>> StudyIdentity("gpt:tiny", None, (("dp", 2), ("tp", 4)), "measured").describe()
@@ -64,10 +78,16 @@ class StudyIdentity:
     objective: str
     space: str = DEFAULT_SPACE
     space_version: str = SPACE_VERSION
+    values: tuple[tuple[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         mesh = tuple((str(name), int(size)) for name, size in self.mesh)
         object.__setattr__(self, "mesh", mesh)
+        if self.values is not None:
+            # Stored as a JSON object: lists come back for tuples.
+            values = tuple((str(k), tuple(v) if isinstance(v, list) else v)
+                           for k, v in dict(self.values).items())
+            object.__setattr__(self, "values", values)
         for field in ("objective", "space", "space_version"):
             if not isinstance(getattr(self, field), str):
                 raise TypeError(
@@ -96,7 +116,14 @@ class StudyIdentity:
         if against is not None and (against.space, against.space_version) != (
                 self.space, self.space_version):
             extra.append(f"space {self.space!r} (version {self.space_version})")
-        return text + (" with " + " and ".join(extra) if extra else "")
+        # Values are told only between otherwise equal searches: another
+        # objective's values differ wholesale and would hide what changed.
+        if against is not None and None not in (self.values, against.values) and not extra:
+            theirs = dict(against.values or ())
+            extra += [f"{k} {_shown(v)}" for k, v in self.values or ()
+                      if theirs.get(k, _MISSING) != v]
+            extra += [f"no {k}" for k in theirs if k not in dict(self.values or ())]
+        return text + (" with " + ", ".join(extra) if extra else "")
 
     def differs_from(self, recorded: StudyIdentity) -> bool:
         """Whether a run with this identity may not resume `recorded`'s study.
@@ -107,21 +134,69 @@ class StudyIdentity:
                 recorded.workload, recorded.mesh, recorded.objective, recorded.space,
                 recorded.space_version):
             return True
+        if None not in (self.values, recorded.values) and \
+                dict(self.values or ()) != dict(recorded.values or ()):
+            return True
         return None not in (self.arguments, recorded.arguments) and \
             self.arguments != recorded.arguments
 
+    def values_hash(self) -> str:
+        """8 hex digits naming `values`: what tells the default study names of
+        two runs that differ only there apart."""
+        text = json.dumps(dict(self.values or ()), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
     def to_json(self) -> dict[str, Any]:
-        return {"workload": self.workload, "arguments": self.arguments,
-                "mesh": {name: size for name, size in self.mesh},
-                "objective": self.objective, "space": self.space,
-                "space_version": self.space_version}
+        out = {"workload": self.workload, "arguments": self.arguments,
+               "mesh": {name: size for name, size in self.mesh},
+               "objective": self.objective, "space": self.space,
+               "space_version": self.space_version}
+        if self.values is not None:
+            out["values"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.values}
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StudyIdentity:
+        values = data.get("values")
         return cls(data.get("workload"), data.get("arguments"),
                    tuple(dict(data["mesh"]).items()), data["objective"],
                    data.get("space", DEFAULT_SPACE), str(data.get("space_version",
-                                                                  SPACE_VERSION)))
+                                                                  SPACE_VERSION)),
+                   None if values is None else tuple(dict(values).items()))
+
+
+_MISSING = object()
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(str, value)) + ")"
+    return "none" if value is None else str(value)
+
+
+def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
+    """What, besides the step, mesh, objective and space, changes the value of
+    a trial searched with `ctx`: its `StudyIdentity.values`.
+
+    - `budget`: per-device bytes (None: no limit); it decides what is cut.
+    - For an objective that estimates (`uses_hardware`): `hardware` (the
+      model's name), `hardware_hash` (12 hex digits of its JSON: a
+      recalibrated model of the same name differs) and `dcn_axes`.
+    - For an objective that runs the step (`needs_host_args`): `warmup` and
+      `repeats`, and `host` (the machine's name): step times from two
+      machines are not comparable.
+    """
+    out: list[tuple[str, Any]] = [("budget", ctx.budget)]
+    if ctx.objective.uses_hardware:
+        model = ctx.hardware_model()
+        text = json.dumps(model.to_json(), sort_keys=True, default=str)
+        out += [("hardware", model.name),
+                ("hardware_hash", hashlib.sha256(text.encode()).hexdigest()[:12]),
+                ("dcn_axes", tuple(ctx.dcn_axes))]
+    if ctx.objective.needs_host_args:
+        out += [("warmup", ctx.warmup), ("repeats", ctx.repeats),
+                ("host", socket.gethostname())]
+    return tuple(out)
 
 
 def arguments_fingerprint(args: Sequence[Any]) -> str:
@@ -145,13 +220,16 @@ def arguments_fingerprint(args: Sequence[Any]) -> str:
 
 
 def identity_of(workload: Workload | None, args: Sequence[Any], mesh: Any, objective: str,
-                space: str = DEFAULT_SPACE) -> StudyIdentity:
+                space: str = DEFAULT_SPACE,
+                values: Sequence[tuple[str, Any]] | None = None) -> StudyIdentity:
     """The identity of a search of `workload` (or, when None, a raw step on
-    `args`) on `mesh` with `objective` over `space`."""
+    `args`) on `mesh` with `objective` over `space`, its trials valued under
+    `values` (`trial_values`)."""
     return StudyIdentity(
         workload.name if workload is not None else None,
         None if workload is not None else arguments_fingerprint(args),
-        tuple(_mesh.axis_sizes(mesh).items()), objective, space)
+        tuple(_mesh.axis_sizes(mesh).items()), objective, space, SPACE_VERSION,
+        None if values is None else tuple(values))
 
 
 def recorded_identity(attrs: Mapping[str, Any]) -> StudyIdentity | None:
@@ -177,6 +255,10 @@ def recorded_identity(attrs: Mapping[str, Any]) -> StudyIdentity | None:
                          attrs.get(_attrs.OBJECTIVE) or "measured")
 
 
+class IdentityMismatch(ValueError):
+    """A run that would resume a study that searched something else."""
+
+
 def bind_study(study: optuna.Study, identity: StudyIdentity) -> None:
     """Checks that `study` searched what this run searches, then records `identity`.
 
@@ -184,12 +266,13 @@ def bind_study(study: optuna.Study, identity: StudyIdentity) -> None:
     leave it exactly as it was.
 
     Raises:
-      ValueError: the study searched something else, e.g. "study 'x' searched
-        gpt:tiny on dp=2,tp=4; this run is mlp:tiny on dp=2,tp=4; ...".
+      IdentityMismatch: the study searched something else, e.g. "study 'x'
+        searched gpt:tiny on dp=2,tp=4; this run is mlp:tiny on dp=2,tp=4;
+        ...", or the same with other values ("... with budget 37280").
     """
     recorded = recorded_identity(study.user_attrs)
     if recorded is not None and identity.differs_from(recorded):
-        raise ValueError(
+        raise IdentityMismatch(
             f"study {study.study_name!r} searched {recorded.describe(against=identity)}; "
             f"this run is {identity.describe(against=recorded)}; a study resumes only the "
             "search that started it: give this run another study name, or drop the name "
