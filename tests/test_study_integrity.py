@@ -167,13 +167,15 @@ def test_which_running_trials_are_stale():
     assert _own.is_stale(_running(dead), here)
     if here.started is not None:  # Linux: a pid now used by another process
         assert _own.is_stale(_running(recycled), here)
-    # Another machine: only the heartbeat (or, before the first beat, the start) tells.
+    # Another machine: only the heartbeat tells (the first is written at ask).
     assert not _own.is_stale(_running(elsewhere, heartbeat=fresh), here, now=fresh + 1)
     assert _own.is_stale(_running(elsewhere, heartbeat=fresh), here, now=late)
     assert not _own.is_stale(_running(elsewhere), here, now=fresh + 1)
-    # No owner (an older version, or another run an instant after creating it).
+    # No beat yet (an older version, or another run an instant after creating
+    # it): never judged by Optuna's start time, a naive local time.
     assert not _own.is_stale(_running(), here, now=fresh + 1)
-    assert _own.is_stale(_running(), here, now=late)
+    assert not _own.is_stale(_running(), here, now=late)
+    assert not _own.is_stale(_running(elsewhere), here, now=late)
     finished = optuna.trial.create_trial(state=TrialState.FAIL)
     assert not _own.is_stale(finished, here, now=late)
 

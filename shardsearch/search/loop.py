@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -249,6 +250,10 @@ def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:
     return study, setup
 
 
+class TrialTakenWarning(UserWarning):
+    """A trial this run evaluated was closed meanwhile by another run."""
+
+
 class _Runner:
     """The propose → evaluate → record loop over one study."""
 
@@ -262,6 +267,8 @@ class _Runner:
         self.specs: dict[str, tuple[Any, ...]] = {}
         self.candidates: dict[int, Candidate] = {}  # by trial number
         self.records: list[TrialRecord] = []
+        self._recording = threading.Lock()
+        self._recorded: dict[int, TrialRecord] = {}
         # A fingerprint is compiled once across the workers sharing the study.
         self.claims = CompileClaims(study, wait=2 * self.ctx.compile_timeout)
         for trial in study.get_trials(deepcopy=False):
@@ -308,8 +315,10 @@ class _Runner:
         try:
             with interrupts_deferred():  # a trial is never left without its owner
                 trial, name = claims.ask()
-            with Heartbeat(trial):
-                return self._one(trial, baselines[name] if name is not None else None)
+            with Heartbeat(trial) as beat:
+                record = self._one(trial, baselines[name] if name is not None else None)
+            beat.check()  # a storage gone for a minute ends the run here, with one line
+            return record
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM: close the trial rather than leave it RUNNING.
             if trial is not None:
@@ -355,18 +364,40 @@ class _Runner:
 
     def record(self, trial: optuna.Trial, candidate: Candidate, outcome: Outcome,
                start: float) -> TrialRecord:
-        record = TrialRecord(trial.number, candidate.label, dict(trial.params), outcome,
-                             candidate.state_rule.to_config(), candidate.batch_rule.to_config(),
-                             time.perf_counter() - start)
-        for key, value in (record_attrs(record)
-                           | self.ctx.executor.trial_attrs(outcome)).items():
-            trial.set_user_attr(key, value)
-        if outcome.status == COMPLETE:
-            self.study.tell(trial, outcome.value)
-        elif outcome.status == CUT:
-            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        """Stores the trial's record and tells the study how it ended, once:
+        the executor's watchdog and this thread may both try (a lockstep peer
+        lost while the candidate ran), and the first one records it.
+
+        A trial another run has already closed (it took this run for dead) is
+        left as that run wrote it, with a `TrialTakenWarning`; the outcome
+        stays in this run's cache, so the candidate is not evaluated again.
+        """
+        with self._recording:
+            if trial.number in self._recorded:
+                return self._recorded[trial.number]
+            record = TrialRecord(trial.number, candidate.label, dict(trial.params), outcome,
+                                 candidate.state_rule.to_config(),
+                                 candidate.batch_rule.to_config(), time.perf_counter() - start)
+            self._recorded[trial.number] = record
+        try:
+            for key, value in (record_attrs(record)
+                               | self.ctx.executor.trial_attrs(outcome)).items():
+                trial.set_user_attr(key, value)
+            # Closed by another run between the writes and here: left as it is.
+            if outcome.status == COMPLETE:
+                self.study.tell(trial, outcome.value, skip_if_finished=True)
+            elif outcome.status == CUT:
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED,
+                                skip_if_finished=True)
+            else:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL,
+                                skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            warnings.warn(TrialTakenWarning(
+                f"trial {trial.number} was closed by another run that took this one for "
+                f"dead (a storage outage, or a heartbeat that did not land); its outcome "
+                f"({outcome.status.value}) is kept in this run only"), stacklevel=2)
+            return record
         self.records.append(record)
         return record
 

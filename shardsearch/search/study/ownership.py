@@ -10,7 +10,10 @@ lost machine), leaving its trial RUNNING. So:
 - `fail_stale_trials` fails the RUNNING trials whose owner is gone, with
   the user attribute "reason": "interrupted". A process of this machine is
   gone the moment it no longer exists; one elsewhere, when its heartbeat is
-  older than `GRACE_SECONDS`;
+  older than `GRACE_SECONDS`. The first beat is written with the owner, at
+  `ask`, and beats are epoch seconds: Optuna's `datetime_start`, a naive
+  local time that a machine in another time zone reads hours off, is never
+  read;
 - `BaselineClaims` claims each warm-start baseline in the study before it
   runs, so two runs on one study never both run it, and a baseline whose
   claiming run died is run again.
@@ -50,6 +53,10 @@ HEARTBEAT_SECONDS = 10.0
 # A trial owned elsewhere is stale once its heartbeat is this old: a dozen
 # missed beats, so a busy database or a skewed clock does not fail a live run.
 GRACE_SECONDS = 120.0
+
+# Heartbeats refused in a row after which a run takes its storage as lost:
+# well inside the grace period, so it stops before others fail its trial.
+MISSED_BEATS = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +154,9 @@ def _start_ticks(pid: int) -> int | None:
 def is_stale(trial: FrozenTrial, here: Owner | None = None, now: float | None = None) -> bool:
     """Whether a RUNNING trial's owner is gone (see the module docstring).
 
-    A trial without an owner (written by a version before owners, or created
-    by another run an instant ago) is judged by its start time.
+    A trial with no heartbeat yet is not stale: another run created it an
+    instant ago (its first beat comes with its owner, in `BaselineClaims.ask`),
+    or a version before heartbeats did.
     """
     if trial.state != TrialState.RUNNING:
         return False
@@ -160,9 +168,7 @@ def is_stale(trial: FrozenTrial, here: Owner | None = None, now: float | None = 
             return not alive
     last = trial.user_attrs.get(HEARTBEAT_ATTR)
     if not isinstance(last, int | float):
-        if trial.datetime_start is None:
-            return False
-        last = trial.datetime_start.timestamp()  # Optuna stores local time
+        return False
     return (time.time() if now is None else now) - last > GRACE_SECONDS
 
 
@@ -243,20 +249,30 @@ def interrupts_deferred() -> Iterator[None]:
             signal.raise_signal(held[0])
 
 
+class StorageLost(RuntimeError):
+    """The study's storage failed `MISSED_BEATS` heartbeats in a row: this run
+    stops after its trial, before other runs take that trial for dead."""
+
+
 class Heartbeat:
     """Beats a trial's heartbeat every `interval` seconds while in the `with` block.
 
     The beats come from a daemon thread, so a step that holds the main thread
     in XLA for minutes still shows as alive; a trial finished meanwhile ends
-    the beats.
+    the beats. A beat the storage refuses is counted (`failures`, `missed`
+    in a row, `error` the last one); after `MISSED_BEATS` in a row the
+    storage is taken as lost (`lost`), and `check` raises `StorageLost`.
 
     Example:
-      >>> with Heartbeat(trial):
+      >>> with Heartbeat(trial) as beat:
       ...     outcome = evaluate(...)
+      >>> beat.check()   # StorageLost if the database was gone for a minute
     """
 
     def __init__(self, trial: optuna.Trial, interval: float = HEARTBEAT_SECONDS):
         self.trial, self.interval = trial, interval
+        self.failures = self.missed = 0
+        self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True,
                                         name="shardsearch-heartbeat")
@@ -270,14 +286,33 @@ class Heartbeat:
         # A beat stuck on a locked database must not hold up an interrupt.
         self._thread.join(timeout=1.0)
 
+    @property
+    def lost(self) -> bool:
+        """Whether the last `MISSED_BEATS` beats all failed."""
+        return self.missed >= MISSED_BEATS
+
+    def check(self) -> None:
+        """Raises `StorageLost` when the storage was lost during the block."""
+        if self.lost:
+            raise StorageLost(
+                f"the study's storage refused {self.missed} heartbeats in a row "
+                f"({self.error}); stopped after trial {self.trial.number} so that no "
+                "other run takes it for dead: run the same command again once the "
+                "storage is back, and the study resumes")
+
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
             try:
                 self.trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+                self.missed = 0
             except optuna.exceptions.UpdateFinishedTrialError:
                 return
-            except Exception:  # a storage hiccup: the next beat may get through
-                continue
+            except Exception as err:  # a storage hiccup: the next beat may get through
+                self.failures += 1
+                self.missed += 1
+                self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                if self.lost:
+                    return
 
 
 def _holds_claim(trial: FrozenTrial) -> bool:
@@ -318,6 +353,7 @@ class BaselineClaims:
         # run evaluates that baseline) or none (another run took ours).
         trial = self.study.ask()
         trial.set_user_attr(OWNER_ATTR, Owner.current().to_json())
+        trial.set_user_attr(HEARTBEAT_ATTR, time.time())
         name = trial.user_attrs.get(LABEL_ATTR)
         if name is None:
             return trial, None

@@ -1,0 +1,123 @@
+"""Workers cannot fail each other's live trials, and a storage outage ends a run
+cleanly (issue 25, item 2).
+
+The defects: a trial was judged by Optuna's `datetime_start` before its first
+heartbeat, a naive local time, so a worker in another time zone saw a
+colleague's new trial as hours old and failed it; the heartbeat swallowed
+storage errors; and the owner's `tell` on the trial failed by the other then
+raised, ending its whole `optimize`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import time
+import warnings
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import shardsearch as ss
+from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.loop import TrialTakenWarning
+from shardsearch.search.study import ownership as _own
+from shardsearch.workloads import get_workload
+
+STATIC = dict(objective="static", confirm_rounds=0, quiet=True, space="rules", isolate=False)
+
+
+def test_the_first_beat_is_written_with_the_owner_at_ask():
+    study = optuna.create_study()
+    before = time.time()
+    trial, name = _own.BaselineClaims(study, ["replicated"]).ask()
+    beat = trial.user_attrs[_own.HEARTBEAT_ATTR]
+    assert name == "replicated" and before <= beat <= time.time()
+    assert _own.OWNER_ATTR in trial.user_attrs
+
+
+def test_a_trial_started_hours_ago_by_local_time_is_judged_by_its_beats_only():
+    # A worker in UTC-8 writes datetime_start 8 hours "earlier" than a UTC one.
+    here = _own.Owner.current()
+    elsewhere = _own.Owner("another-host", 1, "boot", "ns", 1)
+    now = time.time()
+    trial = optuna.trial.create_trial(
+        state=TrialState.RUNNING,
+        user_attrs={_own.OWNER_ATTR: elsewhere.to_json(), _own.HEARTBEAT_ATTR: now - 5})
+    trial.datetime_start = datetime.datetime.now() - datetime.timedelta(hours=8)
+    assert not _own.is_stale(trial, here, now=now)
+
+
+def test_a_run_in_another_time_zone_does_not_fail_a_colleagues_live_trial(tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial, _ = _own.BaselineClaims(study, []).ask()
+    code = ("import optuna; from shardsearch.search.study import ownership as o; "
+            f"s = optuna.load_study(study_name='s', storage={storage!r}); "
+            "print(o.fail_stale_trials(s))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"TZ": "America/Los_Angeles", "PATH": "/usr/bin:/bin",
+                               "JAX_PLATFORMS": "cpu"}, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
+    assert study.trials[trial.number].state == TrialState.RUNNING
+
+
+class _Unreachable:
+    number = 7
+
+    def set_user_attr(self, key, value):
+        raise RuntimeError("could not connect to server: Connection refused\nmore")
+
+
+def test_refused_beats_are_counted_and_a_lost_storage_ends_the_run_with_one_line():
+    with _own.Heartbeat(_Unreachable(), interval=0.001) as beat:
+        deadline = time.time() + 10
+        while not beat.lost and time.time() < deadline:
+            time.sleep(0.01)
+    assert beat.lost and beat.failures == beat.missed == _own.MISSED_BEATS
+    assert beat.error == "RuntimeError: could not connect to server: Connection refused"
+    with pytest.raises(_own.StorageLost, match=r"refused 6 heartbeats in a row \(RuntimeError: "
+                                               r"could not connect[^)]*\); stopped after trial 7"):
+        beat.check()
+
+
+def test_a_beat_that_gets_through_resets_the_count():
+    study = optuna.create_study()
+    trial = study.ask()
+    with _own.Heartbeat(trial, interval=0.001) as beat:
+        beat.missed = _own.MISSED_BEATS - 1  # as if the storage had just come back
+        deadline = time.time() + 10
+        while beat.missed and time.time() < deadline:
+            time.sleep(0.01)
+    assert beat.missed == 0 and not beat.lost
+    beat.check()
+
+
+def test_a_trial_closed_by_another_run_is_kept_in_this_run_and_the_search_goes_on(
+        tmp_path, mesh24, monkeypatch):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    other = optuna.create_study(storage=storage, study_name="s")
+    real, closed = _evaluate.evaluate, []
+
+    def evaluate(specs, fp, ctx, report=None, **options):
+        outcome = real(specs, fp, ctx, report, **options)
+        if not closed:  # the first evaluated trial: another run fails it meanwhile
+            running = other.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            other.tell(running[0].number, state=TrialState.FAIL)
+            closed.append(running[0].number)
+        return outcome
+
+    monkeypatch.setattr(_evaluate, "evaluate", evaluate)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=4,
+                             storage=storage, study_name="s", **STATIC)
+    taken = [w for w in caught if issubclass(w.category, TrialTakenWarning)]
+    assert len(taken) == 1 and f"trial {closed[0]} was closed by another run" in str(
+        taken[0].message)
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert study.trials[closed[0]].state == TrialState.FAIL
+    assert closed[0] not in {r.number for r in result.trials}
+    assert len(result.trials) == 3 and result.best_label
