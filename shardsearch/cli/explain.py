@@ -131,7 +131,7 @@ def _explain(mesh: Any, args: Sequence[Any], rules: tuple[Any, Any],
     total = 0
     for i, tree in enumerate(args):
         rule = rules[0] if i == 0 else rules[1]
-        explained = explain_rule(rule, tree)
+        explained = explain_rule(rule, tree, 0 if i == 0 else i - 1)
         specs = [e.spec for e in explained]
         import jax
 

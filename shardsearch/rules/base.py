@@ -60,6 +60,18 @@ class ShardingRule(abc.ABC):
     def apply(self, pytree: Any) -> Any:
         """Returns a pytree of `pytree`'s structure with PartitionSpec leaves."""
 
+    def apply_argument(self, index: int, pytree: Any) -> Any:
+        """`apply` to the `index`-th of the arguments this rule is given (the
+        state rule: 0; the batch rule: 0, 1, ... over the batch arguments).
+
+        A rule that tells arguments apart by position overrides it: two bare
+        array arguments both have the path "", so a table keyed by path alone
+        would give the second the first's specs (`LogicalAxisRule`). Others
+        ignore the index.
+        """
+        del index
+        return self.apply(pytree)
+
     @abc.abstractmethod
     def to_config(self) -> dict[str, Any]:
         """JSON-ready `{"kind": ..., ...}` form; the mesh is not part of it."""
@@ -174,9 +186,11 @@ def argument_specs(
     state_rule: ShardingRule, batch_rule: ShardingRule, args: Sequence[Any],
 ) -> tuple[Any, ...]:
     """Spec trees for `(state, *batch)`: the state rule on the first argument,
-    the batch rule on each of the others (how every plan is applied)."""
+    the batch rule on each of the others, each told its position among them
+    (`ShardingRule.apply_argument`): how every plan is applied."""
     state, *rest = args
-    return (state_rule.apply(state), *(batch_rule.apply(b) for b in rest))
+    return (state_rule.apply_argument(0, state),
+            *(batch_rule.apply_argument(k, b) for k, b in enumerate(rest)))
 
 
 def _class_name(cls: type) -> str:

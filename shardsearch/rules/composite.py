@@ -37,10 +37,17 @@ class CompositeShardingRule(ShardingRule):
         object.__setattr__(self, "rules", tuple(rules))
 
     def apply(self, pytree: Any) -> Any:
+        return self._first_sharding(pytree, lambda rule: rule.apply(pytree))
+
+    def apply_argument(self, index: int, pytree: Any) -> Any:
+        # Each rule is told the position too: a logical rule among them needs it.
+        return self._first_sharding(pytree, lambda rule: rule.apply_argument(index, pytree))
+
+    def _first_sharding(self, pytree: Any, specs_of: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(pytree)
         chosen: list[P] = [P()] * len(leaves)
         for rule in self.rules:
-            specs = treedef.flatten_up_to(rule.apply(pytree))
+            specs = treedef.flatten_up_to(specs_of(rule))
             for i, spec in enumerate(specs):
                 if _spec.shards_nothing(chosen[i]) and not _spec.shards_nothing(spec):
                     chosen[i] = _spec.canonical(spec)

@@ -22,8 +22,12 @@ from .logical import LeafExplanation, LogicalAxisRule
 NO_RULE = "no rule shards it: replicated"
 
 
-def explain_rule(rule: ShardingRule, tree: Any) -> list[LeafExplanation]:
+def explain_rule(rule: ShardingRule, tree: Any,
+                 index: int | None = None) -> list[LeafExplanation]:
     """Per leaf of `tree`, in leaf order: the spec `rule` gives it and why.
+
+    `index`: `tree`'s position among the arguments the rule is given (as
+    `ShardingRule.apply_argument` takes it); None explains `rule.apply`.
 
     `names` is filled where the rule knows logical axes (a logical rule, or a
     composite holding one); None elsewhere.
@@ -34,10 +38,11 @@ def explain_rule(rule: ShardingRule, tree: Any) -> list[LeafExplanation]:
     `"no rule shards it: replicated"`.
     """
     if isinstance(rule, LogicalAxisRule):
-        return [_logical(e) for e in rule.explain(tree)]
+        return [_logical(e) for e in rule.explain(tree, index)]
     if isinstance(rule, CompositeShardingRule):
-        return _composite(rule, tree)
-    paths, specs = _flat(tree, rule.apply(tree))
+        return _composite(rule, tree, index)
+    specs = rule.apply(tree) if index is None else rule.apply_argument(index, tree)
+    paths, specs = _flat(tree, specs)
     return [LeafExplanation(path, shape, None, spec,
                             NO_RULE if _spec.shards_nothing(spec) else f"{rule.kind} rule")
             for (path, shape), spec in zip(paths, specs, strict=True)]
@@ -47,9 +52,10 @@ def _logical(e: LeafExplanation) -> LeafExplanation:
     return LeafExplanation(e.path, e.shape, e.names, e.spec, f"logical: {e.source}", e.notes)
 
 
-def _composite(rule: CompositeShardingRule, tree: Any) -> list[LeafExplanation]:
+def _composite(rule: CompositeShardingRule, tree: Any,
+               index: int | None) -> list[LeafExplanation]:
     paths, _ = _flat(tree, None)
-    members = [explain_rule(member, tree) for member in rule.rules]
+    members = [explain_rule(member, tree, index) for member in rule.rules]
     out = []
     for i, (path, shape) in enumerate(paths):
         chosen = next((k for k, m in enumerate(members) if not _spec.shards_nothing(m[i].spec)),

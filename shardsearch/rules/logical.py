@@ -198,20 +198,27 @@ class LogicalAxisRule(ShardingRule):
         table = self._table()
         return _tree.map_with_path(lambda path, leaf: table.spec(path, leaf).spec, pytree)
 
-    def explain(self, pytree: Any) -> list[LeafExplanation]:
+    def apply_argument(self, index: int, pytree: Any) -> Any:
+        """`apply` looking leaves up in the table's `index`-th argument only
+        (when the table has one), so two bare-array batch arguments, both at
+        path "", each get their own logical axes."""
+        table = self._table(index)
+        return _tree.map_with_path(lambda path, leaf: table.spec(path, leaf).spec, pytree)
+
+    def explain(self, pytree: Any, index: int | None = None) -> list[LeafExplanation]:
         """Per leaf of `pytree`, in leaf order: its logical names, spec and why.
 
         Example: for `wk` `(embed, kv_heads)` with 2 KV heads and `{"kv_heads":
         "tp"}` on tp=4: spec `P()`, note `"dim 1 (kv_heads, size 32): 'tp'
         (size 4) not used: logical axis 'kv_heads' has 2 units, not divisible
-        by 4"`.
+        by 4"`. `index`: as for `apply_argument`.
         """
-        table = self._table()
+        table = self._table(index)
         out: list[LeafExplanation] = []
         _tree.map_with_path(lambda path, leaf: out.append(table.spec(path, leaf)), pytree)
         return out
 
-    def _table(self) -> _Table:
+    def _table(self, index: int | None = None) -> _Table:
         mesh = _mesh.resolve_mesh(self.mesh)
         sizes = _mesh.axis_sizes(mesh)
         missing = [(n, a) for n, e in self.assignment for a in _spec.entry_axes(e)
@@ -222,7 +229,10 @@ class LogicalAxisRule(ShardingRule):
                 f"LogicalAxisRule: logical axis {name!r} is assigned mesh axis {axis!r}, "
                 f"which is not in the mesh, whose axes are {tuple(sizes)}; fix the "
                 "assignment or pass a mesh that has it")
-        return _Table(self.axes, self.mapping, sizes)
+        axes = self.axes
+        if index is not None and 0 <= index < len(axes.arguments):
+            axes = dataclasses.replace(axes, arguments=(axes.arguments[index],))
+        return _Table(axes, self.mapping, sizes)
 
     def to_config(self) -> dict[str, Any]:
         return {
