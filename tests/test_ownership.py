@@ -23,7 +23,9 @@ from optuna.trial import TrialState
 import shardsearch as ss
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.search.loop import TrialTakenWarning
+from shardsearch.search.study import attrs
 from shardsearch.search.study import ownership as _own
+from shardsearch.search.study.record import store_result
 from shardsearch.workloads import get_workload
 
 STATIC = dict(objective="static", confirm_rounds=0, quiet=True, space="rules", isolate=False)
@@ -121,3 +123,15 @@ def test_a_trial_closed_by_another_run_is_kept_in_this_run_and_the_search_goes_o
     assert study.trials[closed[0]].state == TrialState.FAIL
     assert closed[0] not in {r.number for r in result.trials}
     assert len(result.trials) == 3 and result.best_label
+
+
+def test_a_confirmed_result_is_never_replaced_by_an_unconfirmed_one():
+    study = optuna.create_study()
+    confirmed = {"best": {"label": "fsdp"}, "confirmation": {"fsdp": {"median": 1.0}}}
+    unconfirmed = {"best": {"label": "dp"}, "confirmation": {}}
+    assert store_result(study, unconfirmed)
+    assert store_result(study, confirmed)
+    assert not store_result(study, unconfirmed)  # a worker that left confirming to another
+    assert study.user_attrs[attrs.RESULT] == confirmed
+    newer = {"best": {"label": "search"}, "confirmation": {"search": {"median": 0.5}}}
+    assert store_result(study, newer) and study.user_attrs[attrs.RESULT] == newer

@@ -41,7 +41,7 @@ from .study.ownership import (
     interrupts_deferred,
     mark_interrupted,
 )
-from .study.record import TrialRecord, record_attrs, recorded_estimates
+from .study.record import TrialRecord, record_attrs, recorded_estimates, store_result
 from .study.storage import (
     SAMPLER,
     close_storage,
@@ -195,7 +195,7 @@ def optimize(
     summary = result.to_json()
     del summary["trials"]  # every trial already carries its own record
     if confirmed_by != CONFIRMED_ELSEWHERE:  # that worker writes the result
-        study.set_user_attr(attrs.RESULT, summary)
+        store_result(study, summary)
     return result
 
 

@@ -75,6 +75,29 @@ class TrialRecord:
                    attrs.get(_attrs.SECONDS, 0.0))
 
 
+def store_result(study: optuna.Study, summary: dict[str, Any]) -> bool:
+    """Writes a finished search's summary as the study's result, unless that
+    would replace a confirmed result (one whose finalists were re-timed) with
+    an unconfirmed one: a worker that left the confirmation to another, or a
+    run with `confirm_rounds=0`, finishing after the one that confirmed.
+    Returns whether it wrote.
+
+    Optuna has no compare-and-set on attributes: the check reads the stored
+    result just before writing, so only two runs finishing within the same
+    instant could still race (the claims in `study.claims` make one of them
+    the confirming one).
+    """
+    current = study.user_attrs.get(_attrs.RESULT)
+    if _confirmed(current) and not _confirmed(summary):
+        return False
+    study.set_user_attr(_attrs.RESULT, summary)
+    return True
+
+
+def _confirmed(summary: Any) -> bool:
+    return isinstance(summary, dict) and bool(summary.get("confirmation"))
+
+
 def record_attrs(record: TrialRecord) -> dict[str, Any]:
     """The trial attributes that store a record: its seconds, label, outcome
     (`outcome_attrs`) and rules."""
