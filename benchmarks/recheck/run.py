@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20,
                    help="interleaved rounds per repetition (default 20)")
     p.add_argument("--out", help="output folder (default: the suite's results folder)")
+    p.add_argument("--rerender", action="store_true",
+                   help="re-time nothing: recompute every ratio, CI and verdict of the "
+                   "existing recheck.json from the times it holds (and the entries' "
+                   "recorded figures), and rewrite recheck.json and recheck.md")
     a = p.parse_args(argv)
+    if a.rerender:
+        return rerender(Path(a.results) / Path(a.suite).stem)
     if a.times < 1 or a.rounds < 6:
         p.error("--times must be at least 1 and --rounds at least 6 (the paired test "
                 "needs 6 rounds)")
@@ -165,16 +171,42 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
             "repetitions": repetitions}
 
 
+def rerender(folder: Path) -> int:
+    """Recomputes a recheck from its stored times with today's `speedup`."""
+    path = folder / "recheck.json"
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    for e in summary["entries"]:
+        record = json.loads((folder / "entries" / f"{e['entry']}.json").read_text(
+            encoding="utf-8"))
+        plans = {p["label"]: p for p in record["plans"]}
+        recorded = speedup(plans["winner"], plans[e["reference"]])
+        e["recorded"] = {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")}
+        for i, r in enumerate(e["repetitions"]):
+            win = {**plans["winner"], "times": r["winner_times"],
+                   "median_seconds": r["winner_seconds"]}
+            ref = {**plans[e["reference"]], "times": r["reference_times"],
+                   "median_seconds": r["reference_seconds"]}
+            e["repetitions"][i] = {**r, **speedup(win, ref)}
+    summary["rerendered"] = ("ratios recomputed from the stored times: "
+                             "python benchmarks/recheck/run.py --suite "
+                             f"{summary['suite']} --rerender")
+    path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (folder / "recheck.md").write_text(markdown(summary), encoding="utf-8")
+    print(f"wrote {folder / 'recheck.md'}")
+    return 0
+
+
 def markdown(summary: dict[str, Any]) -> str:
     n = summary["times"]
     lines = [
         f"# Recheck of `{summary['suite']}`", "",
         f"Each entry's exported winner re-timed against its reference "
         f"({summary['against'].replace('_', ' ')}), {n} separate interleaved runs of "
-        f"{summary['rounds']} rounds, after the suite. Ratio = reference median / winner "
-        "median (above 1x: the winner is faster), 95% CI of the per-round ratio, paired "
-        "Wilcoxon verdict.", "",
-        f"Command: `{summary['command']}` ({summary['finished_at']})", "",
+        f"{summary['rounds']} rounds, after the suite. Ratio = the median per-round ratio "
+        "reference / winner (above 1x: the winner is faster) with its 95% CI; \"faster\" "
+        "when the paired Wilcoxon test says so and the interval is wholly above 1.", "",
+        f"Command: `{summary['command']}` ({summary['finished_at']})"
+        + (f"; {summary['rerendered']}" if summary.get("rerendered") else ""), "",
         "| entry | winner | reference | in the suite | "
         + " | ".join(f"run {i}" for i in range(1, n + 1)) + " |",
         "|" + "---|" * (4 + n),

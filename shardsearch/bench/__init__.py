@@ -12,6 +12,8 @@ behind these names (`suite`, `runner`, `report`) are private.
   `Suite`, `Entry`, `prepare_devices`.
 - The runner: `run_suite`, `run_entry`, `resolve_budget`, `SuiteRun`.
 - Reports: `speedup` (the winner against one reference: ratio, CI, verdict),
+  `interval_problems` (a record's ratios that disagree with their intervals),
+  `refresh_speedups` (recompute a folder's entries from their recorded times),
   `format_speedup` (as `results.md` shows it), `speedups`, `entry_line`,
   `write_report`, `load_entries`, `machine_info`.
 - Published runs (`bench.published`): `Published` (a measured run's chips,
@@ -36,8 +38,10 @@ from .published import published_step_seconds as published_step_seconds
 from .published import step_flops as step_flops
 from .report import entry_line as entry_line
 from .report import format_speedup as format_speedup
+from .report import interval_problems as interval_problems
 from .report import load_entries as load_entries
 from .report import machine_info as machine_info
+from .report import refresh_speedups as refresh_speedups
 from .report import speedup as speedup
 from .report import speedups as speedups
 from .report import write_report as write_report
@@ -67,11 +71,13 @@ __all__ = [
     "estimate_published",
     "find_suite",
     "format_speedup",
+    "interval_problems",
     "load_entries",
     "load_suite",
     "machine_info",
     "prepare_devices",
     "published_step_seconds",
+    "refresh_speedups",
     "resolve_budget",
     "run_entry",
     "run_suite",

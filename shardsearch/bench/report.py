@@ -8,14 +8,17 @@ matplotlib (the `bench` extra); without it they are skipped with a note.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..base.jsonfile import read_json
 from ..base.units import format_bytes as _bytes
+from ..plan.writer import strict_json
 from ..search.evaluation import confirm as _confirm
 from ..search.evaluation.objectives import is_estimate
 from ..search.evaluation.stages import Stage
@@ -103,13 +106,16 @@ def speedup(winner: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[st
         `ref` None: no reference fits.
 
     Returns:
-      `reference` (its label), `speedup` = reference median / winner median
-      (above 1: the winner is faster), `ratio_ci` (95% CI of the per-round
-      ratio), `verdict` (paired one-sided Wilcoxon: "faster", "slower",
-      "tie"; "same plan" for equal specs) and `note` (why a figure is
-      missing). Example: winner times [1, 1, ...], reference [2, 2, ...]
-      (6 rounds) → `{"speedup": 2.0, "ratio_ci": [2.0, 2.0], "verdict":
-      "faster", ...}`.
+      `reference` (its label), `speedup` = the median of the per-round
+      ratios reference / winner (above 1: the winner is faster; for static
+      estimates, which have no rounds, the ratio of the two estimates),
+      `ratio_ci` (the 95% CI of that median, from order statistics, so it
+      always holds the point estimate), `verdict` ("faster" when a paired
+      one-sided Wilcoxon test says so and the whole interval is above 1,
+      "slower" the other way round, else "tie"; "same plan" for equal specs)
+      and `note` (why a figure is missing). Example: winner times [1, 1,
+      ...], reference [2, 2, ...] (6 rounds) → `{"speedup": 2.0, "ratio_ci":
+      [2.0, 2.0], "verdict": "faster", ...}`.
     """
     out: dict[str, Any] = {"reference": ref["label"] if ref else None, "speedup": None,
                            "ratio_ci": None, "verdict": None, "note": None}
@@ -121,18 +127,66 @@ def speedup(winner: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[st
         return out
     if ref["fingerprint"] == winner["fingerprint"] and ref["role"] != "single_device":
         return {**out, "speedup": 1.0, "ratio_ci": [1.0, 1.0], "verdict": "same plan"}
-    out["speedup"] = ref["median_seconds"] / winner["median_seconds"]
     a, b = winner["times"], ref["times"]
     if not (a and b):
+        out["speedup"] = ref["median_seconds"] / winner["median_seconds"]
         out["note"] = "static estimates: no confidence interval, no test"
         return out
-    out["ratio_ci"] = list(_confirm.median_ci([r / w for r, w in zip(b, a, strict=True)]))
+    # The point estimate is the statistic the interval is about: the ratio of
+    # two medians can fall outside the per-round ratio's interval.
+    ratios = [r / w for r, w in zip(b, a, strict=True)]
+    out["speedup"] = statistics.median(ratios)
+    lo, hi = _confirm.median_ci(ratios)
+    out["ratio_ci"] = [lo, hi]
     if len(a) < 6:
         out["note"] = "fewer than 6 paired rounds: no significance test"
     else:
-        out["verdict"] = ("faster" if _confirm.faster_than(a, b) else
-                          "slower" if _confirm.faster_than(b, a) else "tie")
+        out["verdict"] = ("faster" if _confirm.faster_than(a, b) and lo > 1 else
+                          "slower" if _confirm.faster_than(b, a) and hi < 1 else "tie")
     return out
+
+
+def interval_problems(record: Mapping[str, Any]) -> list[str]:
+    """Every reported ratio of an entry record that disagrees with its own
+    interval, or with its plans' times: empty when the record is consistent.
+
+    Checked per comparison (`speedups`): the point estimate lies inside
+    `ratio_ci`; a "faster" verdict has its whole interval above 1, a "slower"
+    one below 1; and the stored figures are what `speedups` computes from the
+    plans' recorded times today (a record from before a change to them is
+    stale, and `refresh_speedups` rewrites it).
+    """
+    where = f"{record.get('suite', '?')}/{record.get('entry', {}).get('id', '?')}"
+    problems = []
+    for key, s in record.get("speedups", {}).items():
+        ratio, ci, verdict = s.get("speedup"), s.get("ratio_ci"), s.get("verdict")
+        if ratio is not None and ci is not None and not ci[0] <= ratio <= ci[1]:
+            problems.append(f"{where} {key}: {ratio:.4f}x outside its interval "
+                            f"[{ci[0]:.4f}, {ci[1]:.4f}]")
+        if verdict == "faster" and (ci is None or ci[0] <= 1):
+            problems.append(f"{where} {key}: 'faster' with an interval {ci} that holds 1")
+        if verdict == "slower" and (ci is None or ci[1] >= 1):
+            problems.append(f"{where} {key}: 'slower' with an interval {ci} that holds 1")
+    if "plans" in record and record.get("speedups") != speedups(record["plans"]):
+        problems.append(f"{where}: its speedups are not what its plans' times give today; "
+                        "run benchmarks/intervals/check.py --refresh")
+    return problems
+
+
+def refresh_speedups(folder: Path) -> list[str]:
+    """Recomputes every entry's `speedups` under `folder/entries` from its
+    plans' recorded times (nothing is re-run), rewriting the files whose
+    figures change; returns their names."""
+    changed = []
+    for path in sorted((folder / "entries").glob("*.json")):
+        record = read_json(path)
+        fresh = speedups(record["plans"])
+        if record.get("speedups") != fresh:
+            record["speedups"] = fresh
+            text = json.dumps(strict_json(record), indent=1, sort_keys=True, allow_nan=False)
+            path.write_text(text + "\n", encoding="utf-8")
+            changed.append(path.name)
+    return changed
 
 
 # --------------------------------------------------------------------------- reading
