@@ -284,7 +284,10 @@ def test_unhandled_primitive_is_listed_and_couples_nothing():
              "u": jax.ShapeDtypeStruct((16, 32), f32)}
     batch = {"x": jax.ShapeDtypeStruct((16, 32), f32)}
     axes = discover_logical_axes(step, (state, batch))
-    assert axes.unhandled == ("test_unknown_op",)
+    # Both are listed: the same-shape one is taken as elementwise, a guess.
+    assert axes.unhandled == ("test_unknown_op", "test_unknown_same_shape_op")
+    assert axes.notes()[0].startswith("unhandled: primitives with no coupling rule: "
+                                      "test_unknown_op, test_unknown_same_shape_op")
     leaves = axes.leaves(0)
     # The batch dim does not flow through the unknown op to v.
     assert "batch" not in leaves["v"].names

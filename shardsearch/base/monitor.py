@@ -17,9 +17,10 @@ from . import mesh as _mesh
 from . import spec as _spec
 from . import tree as _tree
 from .analyzer import ShardingAnalyzer
+from .warnings import ShardsearchWarning
 
 
-class ShardingWarning(UserWarning):
+class ShardingWarning(ShardsearchWarning):
     """A spec tree has problems; the step still runs (XLA decides what to do)."""
 
 

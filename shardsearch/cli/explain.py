@@ -51,6 +51,15 @@ def run(a: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     print("\n".join(lines))
+    # What the search and this discovery could not read, and the rules' fallbacks.
+    from ..rules.base import argument_notes
+
+    search = data.get("search") if isinstance(data, dict) else None
+    notes = [*((search or {}).get("notes") or ()),
+             *(logical.notes() if logical is not None else ()),
+             *argument_notes(state_rule, batch_rule, args)]
+    for text in dict.fromkeys(notes):
+        print(f"warning: {text}")
     from ..base.units import format_bytes
 
     print(f"per device: {format_bytes(total)} of arguments")

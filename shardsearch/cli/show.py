@@ -27,6 +27,9 @@ def run(a: argparse.Namespace) -> int:
     plan = read_file(load_plan, a.file, mesh)
     config = read_json(a.file)
     print(plan_header(a.file, config, plan))
+    search = config.get("search") if isinstance(config.get("search"), dict) else {}
+    for text in search.get("notes") or ():
+        print(f"warning: {text}")
     if plan.results is not None:
         try:
             print(results_table(config))

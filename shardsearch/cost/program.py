@@ -20,8 +20,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
+from ..base.warnings import note
 from .hlo import CollectiveSummary, HloCost, parse_hlo
 
 
@@ -126,6 +128,40 @@ class ProgramCost:
                        "unreadable HLO text")
         return cls(xla_flops, xla_bytes_accessed, collectives, hlo, memory)
 
+    def notes(self) -> tuple[str, ...]:
+        """What the model could not count in this program, as notes
+        (`base.warnings`): unreadable HLO, loops whose trip count is unknown
+        (counted once), instructions whose cost is unknown, collectives whose
+        group size is unknown, and permutes without source-target pairs
+        (costed as moving nothing). Empty for a program read whole.
+
+        Example: `("uncounted: loop bodies with an unknown trip count, counted
+        once: %body.12",)`.
+        """
+        if self.hlo_error:
+            return (note("uncounted", f"the HLO text could not be read ({self.hlo_error}); "
+                                      "XLA's own figures, which count each loop once, are "
+                                      "used"),)
+        out = []
+        loops = self.collectives.unknown_trip_counts if self.collectives else ()
+        if loops:
+            out.append(note("uncounted", "loop bodies with an unknown trip count, counted "
+                                         f"once: {_listed(loops)}"))
+        ops = self.hlo.unknown_ops if self.hlo else ()
+        if ops:
+            out.append(note("uncounted", f"instructions whose flops or bytes are unknown, "
+                                         f"counted as none: {_listed(ops)}"))
+        sizes = self.collectives.unknown_group_sizes if self.collectives else ()
+        if sizes:
+            out.append(note("ungrouped", "collectives whose group size is unknown, costed "
+                                         f"as within one device: {_listed(sizes)}"))
+        pairless = [c.name for c in (self.collectives.collectives if self.collectives else ())
+                    if c.kind == "collective-permute" and not c.groups]
+        if pairless:
+            out.append(note("ungrouped", "collective-permutes without source-target pairs, "
+                                         f"costed as moving nothing: {_listed(pairless)}"))
+        return tuple(out)
+
     @property
     def readable(self) -> bool:
         """Whether the HLO text was read (the collectives and loop trips are known)."""
@@ -151,6 +187,11 @@ class ProgramCost:
         """Bytes each device sends over its links per step (ring-algorithm
         estimate summed over the collectives); None when the HLO could not be read."""
         return None if self.collectives is None else self.collectives.transferred_bytes()
+
+
+def _listed(names: Sequence[str], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def cost_numbers(compiled: Any) -> tuple[float, float]:

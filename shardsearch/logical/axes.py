@@ -22,6 +22,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..base.warnings import note
+
 # Roles a discovered axis may be named after, when its role is recognised.
 ROLES = ("batch", "seq", "embed", "mlp", "heads", "kv_heads", "head_dim", "vocab", "experts",
          "layers")
@@ -159,9 +161,23 @@ class LogicalAxes:
                  for a in self.axes]
         lines += [f"merge: {m}" for m in self.merges]
         if self.unhandled:
-            lines.append(f"unhandled primitives (their dims stay apart): "
+            lines.append(f"unhandled primitives (no coupling rule): "
                          f"{', '.join(self.unhandled)}")
         return "\n".join(lines)
+
+    def notes(self) -> tuple[str, ...]:
+        """What the analysis could not read, as notes (`base.warnings`): one
+        for the unhandled primitives, one per merge.
+
+        Example: `("unhandled: primitives with no coupling rule: my_op ...",)`.
+        """
+        out = [note("merged", m) for m in self.merges]
+        if self.unhandled:
+            out.insert(0, note(
+                "unhandled", f"primitives with no coupling rule: {', '.join(self.unhandled)} "
+                "(same-shape ones taken as elementwise, the others couple nothing; add a "
+                "rule in logical/primitives.py)"))
+        return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
         return {

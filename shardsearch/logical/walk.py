@@ -8,9 +8,11 @@ and outputs mapped onto the caller's values. Each call site gets fresh ids
 for the body's values, so two calls of one cached jaxpr stay apart.
 
 A primitive without a rule is treated as elementwise when all its operands
-and outputs share one shape; otherwise it couples nothing and is reported in
-`LogicalAxes.unhandled`. Either way a missing rule can only leave apart dims
-that belong together, never join dims that do not.
+and outputs share one shape; otherwise it couples nothing. Either way it is
+reported in `LogicalAxes.unhandled` (and `optimize` warns of it): the
+elementwise guess can join dims a permuting op would not, and an op that
+couples nothing can leave apart dims that belong together. A primitive with
+no outputs (a debug callback) couples nothing and is not reported.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from jax.extend import core as jcore
 from .graph import SCAN_LENGTH, DimGraph
 from .primitives import couple, elementwise
 
-_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+# `call`: custom_partitioning's body, which computes what the op computes
+# (only its partitioning is the user's own).
+_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr", "call")
 
 
 def walk(g: DimGraph, jaxpr: Any, ins: Sequence[int]) -> list[int]:
@@ -56,8 +60,11 @@ def apply(g: DimGraph, eqn: Any, ins: list[int], outs: list[int]) -> None:
         pass
     elif _call_jaxpr(eqn) is not None:
         _call(g, eqn, ins, outs)
+    elif not outs:
+        pass  # no outputs (a debug callback): nothing it could couple
     elif len({g.shapes[v] for v in ins + outs}) <= 1:
         elementwise(g, eqn, ins, outs)
+        g.unhandled(eqn.primitive.name)  # a guess, so it is reported too
     else:
         g.unhandled(eqn.primitive.name)
 

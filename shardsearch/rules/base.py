@@ -72,6 +72,14 @@ class ShardingRule(abc.ABC):
         del index
         return self.apply(pytree)
 
+    def notes(self, pytree: Any, index: int | None = None) -> tuple[str, ...]:
+        """What this rule could not decide for `pytree` and chose by fallback,
+        as `base.warnings` notes (e.g. a logical rule's leaves without names,
+        left replicated); `index` as for `apply_argument`. None by default:
+        the other rules decide every leaf by their own parameters."""
+        del pytree, index
+        return ()
+
     @abc.abstractmethod
     def to_config(self) -> dict[str, Any]:
         """JSON-ready `{"kind": ..., ...}` form; the mesh is not part of it."""
@@ -191,6 +199,18 @@ def argument_specs(
     state, *rest = args
     return (state_rule.apply_argument(0, state),
             *(batch_rule.apply_argument(k, b) for k, b in enumerate(rest)))
+
+
+def argument_notes(
+    state_rule: ShardingRule, batch_rule: ShardingRule, args: Sequence[Any],
+) -> tuple[str, ...]:
+    """The rules' notes (`ShardingRule.notes`) on `(state, *batch)`, applied as
+    `argument_specs` applies them."""
+    state, *rest = args
+    out = list(state_rule.notes(state, 0))
+    for k, b in enumerate(rest):
+        out += [n for n in batch_rule.notes(b, k) if n not in out]
+    return tuple(out)
 
 
 def _class_name(cls: type) -> str:

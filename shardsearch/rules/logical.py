@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
+from ..base.warnings import note
 from ..logical.axes import LeafAxes, LogicalAxes, LogicalAxis
 from .axes import AxisEntry
 from .base import ShardingRule
@@ -204,6 +205,18 @@ class LogicalAxisRule(ShardingRule):
         path "", each get their own logical axes."""
         table = self._table(index)
         return _tree.map_with_path(lambda path, leaf: table.spec(path, leaf).spec, pytree)
+
+    def notes(self, pytree: Any, index: int | None = None) -> tuple[str, ...]:
+        """One `unnamed` note listing the array leaves of `pytree` that the
+        table has no logical names for (they are left replicated), if any."""
+        unknown = [e.path or "(the argument itself)" for e in self.explain(pytree, index)
+                   if e.names is None and e.shape]
+        if not unknown:
+            return ()
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more"
+                                          if len(unknown) > 5 else "")
+        return (note("unnamed", f"leaves with no logical names in the rule's table, left "
+                                f"replicated: {shown}"),)
 
     def explain(self, pytree: Any, index: int | None = None) -> list[LeafExplanation]:
         """Per leaf of `pytree`, in leaf order: its logical names, spec and why.

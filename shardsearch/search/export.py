@@ -98,11 +98,15 @@ def export_config(
         workload = _builtin_workload(name, where)
     config = plan_config(state_rule, batch_rule, mesh, args=args, workload=workload)
     is_best = chosen.number == best.number
+    # What the search could not read (the study's setup, the chosen trial): only
+    # when there is something, so other plan files keep their form.
+    notes = list(dict.fromkeys([*(attrs.get(_attrs.NOTES) or ()), *chosen.outcome.notes]))
     return {
         **config,
         "search": {"study": study.study_name, "workload": name,
                    "objective": attrs.get(_attrs.OBJECTIVE), "seed": attrs.get(_attrs.SEED),
-                   "sampler": attrs.get(_attrs.SAMPLER), "budget": attrs.get(_attrs.BUDGET)},
+                   "sampler": attrs.get(_attrs.SAMPLER), "budget": attrs.get(_attrs.BUDGET),
+                   **({"notes": notes} if notes else {})},
         "hardware": attrs.get(_attrs.HARDWARE),
         "versions": versions(),
         "results": _results(chosen, records, summary, is_best, attrs.get(_attrs.OBJECTIVE),

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from ..base import mesh as _mesh
+from ..base.warnings import ShardsearchWarning
 from ..rules.base import rule_from_config
 from .evaluation import confirm as _confirm
 from .evaluation.outcome import fingerprint
@@ -177,7 +178,7 @@ def _name(record: TrialRecord) -> str:
     return record.label if record.label != "search" else f"trial {record.number}"
 
 
-class FinalistWarning(UserWarning):
+class FinalistWarning(ShardsearchWarning):
     """A completed trial left out of the finalists: over this run's budget, or
     its stored rules no longer give the specs it was evaluated with."""
 

@@ -21,6 +21,7 @@ import jax
 import optuna
 
 from ..base import mesh as _mesh
+from ..base.warnings import ShardsearchWarning, warn_notes
 from .evaluation import evaluate as _evaluate
 from .evaluation.outcome import Outcome
 from .evaluation.stages import COMPLETE, CUT, Stage
@@ -244,13 +245,14 @@ def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:
         attrs.SAMPLER: SAMPLER, attrs.HARDWARE: hardware,
     }.items():
         study.set_user_attr(key, value)
+    study.set_user_attr(attrs.NOTES, list(setup.notes))
     # A run that dies before finishing must not leave an older run's winner
     # looking current to `shardsearch export`.
     study.set_user_attr(attrs.RESULT, None)
     return study, setup
 
 
-class TrialTakenWarning(UserWarning):
+class TrialTakenWarning(ShardsearchWarning):
     """A trial this run evaluated was closed meanwhile by another run."""
 
 
@@ -268,6 +270,7 @@ class _Runner:
         self.candidates: dict[int, Candidate] = {}  # by trial number
         self.records: list[TrialRecord] = []
         self._recording = threading.Lock()
+        self.shown: set[str] = set(setup.notes)  # `prepare` has shown the setup's notes
         self._recorded: dict[int, TrialRecord] = {}
         # A fingerprint is compiled once across the workers sharing the study.
         self.claims = CompileClaims(study, wait=2 * self.ctx.compile_timeout)
@@ -356,7 +359,12 @@ class _Runner:
             with self.ctx.executor.guard(
                     lambda failed: self.record(trial, candidate, failed, start)):
                 outcome = _evaluate.evaluate(specs, fp, self.ctx, report, estimates=estimates)
+            notes = candidate.notes(self.ctx.abstract_args)
+            if notes:
+                outcome = dataclasses.replace(outcome, notes=notes + outcome.notes)
             self.cache[fp] = outcome
+        # Each note once per run, however many candidates meet it.
+        warn_notes(outcome.notes, self.shown)
         if specs is not None:
             self.specs.setdefault(fp, specs)
         self.candidates[trial.number] = candidate

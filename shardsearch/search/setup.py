@@ -25,6 +25,7 @@ import numpy as np
 from ..base import mesh as _mesh
 from ..base import tree as _tree
 from ..base.units import parse_bytes
+from ..base.warnings import warn_notes
 from ..cost.hardware import HardwareModel
 from ..rules.base import ShardingRule
 from .evaluation import evaluate as _evaluate
@@ -149,6 +150,9 @@ class StudySetup:
         are checked against.
       study_name: the study's name (given, or derived from the step, mesh,
         objective, shapes and space).
+      notes: what the setup could not read (`base.warnings` notes: the
+        logical axes' unhandled primitives and merges), shown once by
+        `prepare` and stored in the study.
     """
 
     context: Context
@@ -159,6 +163,7 @@ class StudySetup:
     starts: Mapping[str, Candidate]
     reference_specs: tuple[Any, ...]
     study_name: str
+    notes: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -196,7 +201,10 @@ def prepare(ctx: Context, workload: Workload | None, settings: SearchSettings,
     name = settings.study_name or (
         study_name(label, mesh, ctx.objective.name, abstract_args)
         + ("" if space.space == "rules" else f"/{space.space}"))
-    return StudySetup(ctx, workload, settings, space, baselines, dict(starts), reference, name)
+    notes = space.logical.notes() if space.logical is not None else ()
+    warn_notes(notes, where=" (the step's logical axes)", stacklevel=3)
+    return StudySetup(ctx, workload, settings, space, baselines, dict(starts), reference, name,
+                      notes)
 
 
 def study_name(label: str, mesh: Any, objective: str, abstract_args: Any) -> str:

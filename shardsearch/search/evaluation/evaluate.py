@@ -75,7 +75,7 @@ class CompiledCandidate:
         """The `Outcome` fields every outcome from here on shares."""
         return dict(fingerprint=self.fingerprint, compile_seconds=self.compile_seconds,
                     memory=dict(self.memory), flops=self.program.flops,
-                    collective_bytes=self.program.link_bytes)
+                    collective_bytes=self.program.link_bytes, notes=self.program.notes())
 
     def outcome(self, status: Status | str, **fields: Any) -> Outcome:
         """An `Outcome` of this candidate, e.g. `outcome(COMPLETE, value=0.012)`."""

@@ -55,6 +55,10 @@ class Outcome:
         compute, memory, each collective kind x axes); None when not
         estimated or the model gives only a number (a subclass overriding
         `HardwareModel.estimate`).
+      notes: what could not be read while judging it (`base.warnings`
+        notes: leaves a logical rule had no names for, loops or ops the cost
+        model could not count, collectives without groups); stored only when
+        there are some.
 
     `to_json` is the form of the trial attribute "outcome", which predates
     `estimate` and `breakdown`: the study stores those two beside it, in
@@ -80,6 +84,7 @@ class Outcome:
     log_first: str = ""
     estimate: float | None = None
     breakdown: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Stored outcomes come back with the plain string and int.
@@ -106,12 +111,18 @@ class Outcome:
         out["status"] = self.status.value
         out["cut_stage"] = None if self.cut_stage is None else self.cut_stage.id
         out["step_times"] = list(self.step_times)
+        # Older outcomes have no notes: an outcome without any keeps their form.
+        if self.notes:
+            out["notes"] = list(self.notes)
+        else:
+            del out["notes"]
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outcome:
         data = dict(data)
         data["step_times"] = tuple(data.get("step_times", ()))
+        data["notes"] = tuple(data.get("notes", ()))
         return cls(**data)
 
 

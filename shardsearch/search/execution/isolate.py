@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from ...base.warnings import ShardsearchWarning
 from ..evaluation import logs as _logs
 from ..evaluation.context import Context
 from ..evaluation.evaluate import error_line
@@ -100,7 +101,7 @@ PHASES = {
 }
 
 
-class IsolationWarning(UserWarning):
+class IsolationWarning(ShardsearchWarning):
     """Candidates are evaluated in the study process: the step cannot reach a worker."""
 
 

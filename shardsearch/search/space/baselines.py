@@ -20,6 +20,7 @@ import numpy as np
 from ...base import mesh as _mesh
 from ...base import spec as _spec
 from ...base import tree as _tree
+from ...base.warnings import ShardsearchWarning
 from ...logical.axes import LogicalAxes
 from ...plan.reader import load_rules
 from ...rules.auto import AutoShardingRule
@@ -311,7 +312,7 @@ def make_space(
                        extra_rules or {}, space=space, logical=logical)
 
 
-class LogicalAxesWarning(UserWarning):
+class LogicalAxesWarning(ShardsearchWarning):
     """The step's logical axes could not be discovered; the search uses the rules
     family only."""
 

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ...rules.base import ShardingRule, argument_specs
+from ...rules.base import ShardingRule, argument_notes, argument_specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,3 +38,7 @@ class Candidate:
     def specs(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """Spec trees for `(state, *batch)`."""
         return argument_specs(self.state_rule, self.batch_rule, args)
+
+    def notes(self, args: Sequence[Any]) -> tuple[str, ...]:
+        """What its rules decided by fallback on `(state, *batch)` (`base.warnings` notes)."""
+        return argument_notes(self.state_rule, self.batch_rule, args)

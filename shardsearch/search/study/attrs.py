@@ -32,6 +32,9 @@ RESULT = "result"
 trials), None while one runs."""
 IDENTITY = "identity"
 """What the study searched (`study.identity.StudyIdentity.to_json()`)."""
+NOTES = "notes"
+"""What the study's setup could not read (`base.warnings` notes: the logical
+axes' unhandled primitives and merges); a trial's own are in its outcome."""
 
 # ----------------------------------------------------------------- a trial
 OUTCOME = "outcome"
