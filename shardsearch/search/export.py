@@ -89,10 +89,17 @@ def export_config(
     chosen = best if trial is None else _trial(records, trial, where)
     mesh_axes = {str(k): int(v) for k, v in dict(attrs[_attrs.MESH]).items()}
     mesh = _mesh.abstract_mesh(tuple(mesh_axes.values()), tuple(mesh_axes))
-    state_rule = rule_from_config(chosen.state_rule, mesh, f"{where} trial {chosen.number} "
-                                  "state_rule")
-    batch_rule = rule_from_config(chosen.batch_rule, mesh, f"{where} trial {chosen.number} "
-                                  "batch_rule")
+    # The winner of an OptimizeResult is exported from the rule objects the
+    # search evaluated; a stored study (or another trial) only has them as JSON.
+    own = (getattr(source, "best_rule", None), getattr(source, "best_batch_rule", None))
+    if trial is None and not isinstance(source, optuna.Study) and None not in own and (
+            own[0].to_config(), own[1].to_config()) == (chosen.state_rule, chosen.batch_rule):
+        state_rule, batch_rule = own
+    else:
+        state_rule = rule_from_config(chosen.state_rule, mesh,
+                                      f"{where} trial {chosen.number} state_rule")
+        batch_rule = rule_from_config(chosen.batch_rule, mesh,
+                                      f"{where} trial {chosen.number} batch_rule")
     name = attrs.get(_attrs.WORKLOAD)
     if workload is None and args is None and name is not None:
         workload = _builtin_workload(name, where)
