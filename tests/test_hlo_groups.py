@@ -7,6 +7,7 @@ with the same replica groups on the 8 simulated CPU devices, so every device
 receives its group, in order.
 """
 
+import os
 import re
 
 import jax
@@ -237,6 +238,12 @@ ENTRY %main () -> u32[{group_size}] {{
         executable = jax.extend.backend.get_backend().compile_and_load(mlir, devices, options)
         shards = executable.execute_sharded([]).disassemble_into_single_device_arrays()[0]
     except (AttributeError, ImportError, TypeError) as error:
+        # The reference is the point of these tests: CI (which pins the jax the
+        # project runs on) fails rather than pass without it.
+        if os.environ.get("CI") == "true":
+            raise AssertionError(
+                f"this jax cannot run hand-written HLO ({error}); the replica-group "
+                "reference tests need it: update _xla_groups for this jax") from error
         pytest.skip(f"this jax cannot run hand-written HLO: {error}")
     return [tuple(int(d) for d in np.asarray(shard)) for shard in shards]
 
