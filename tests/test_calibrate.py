@@ -64,6 +64,28 @@ def test_calibration_fits_every_collective_and_axis_group(calibration):
         assert model.fit(kind, axes, topology) == fit
 
 
+def test_every_figure_is_what_its_own_samples_give(calibration):
+    # Not just finite: each fitted line is the fit of the samples the file
+    # lists for it, and the rates are the samples' work over their seconds.
+    _mesh, result, _ = calibration
+    model, samples = result.model, result.samples
+    for (kind, axes), fit in model.fits:
+        points = [(s.bytes, s.seconds) for s in samples if (s.kind, s.axes) == (kind, axes)]
+        assert len({b for b, _ in points}) >= 2
+        assert fit == fit_line(points)
+        # Through two sizes, a line with positive latency and slope passes
+        # through both points; only a clamped one (nnls at a bound) may not.
+        clamped = fit.latency == 0 or fit.bandwidth >= 1e14
+        if len(points) == 2 and not clamped:
+            for nbytes, seconds in points:
+                assert fit.latency + nbytes / fit.bandwidth == pytest.approx(seconds, rel=1e-6)
+    for dtype, rate in model.flops_per_second:
+        [matmul] = [s for s in samples if s.kind == "matmul" and s.dtype == dtype]
+        assert rate == pytest.approx(matmul.flops / matmul.seconds)
+    [memory] = [s for s in samples if s.kind == "memory"]
+    assert model.memory_bandwidth == pytest.approx(memory.bytes / memory.seconds, rel=1e-3)
+
+
 def test_samples_are_the_collectives_xla_emitted_at_each_size(calibration):
     _, result, _ = calibration
     collectives = [s for s in result.samples if s.kind in COLLECTIVE_KINDS]
