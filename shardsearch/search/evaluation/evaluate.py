@@ -280,17 +280,20 @@ def measure(
     """
     if ctx.host_args is None:
         raise ValueError("the measured objective needs concrete arguments")
+    warmups: list[float] = []
     try:
-        times = time_steps(compiled, specs, ctx, ctx.repeats, report)
+        times = time_steps(compiled, specs, ctx, ctx.repeats, report, warmups)
     except NonFinite as err:
-        return Outcome(status=FAILED, reason=f"{NONFINITE}: {err}", **base)
+        return Outcome(status=FAILED, reason=f"{NONFINITE}: {err}",
+                       warmup_times=tuple(warmups), **base)
     if len(times) < ctx.repeats:
         return Outcome(
             status=CUT, cut_stage=Stage.MEASURE, step_times=tuple(times),
+            warmup_times=tuple(warmups),
             reason=f"significantly slower than the best so far after {len(times)} repeats "
                    f"(median {statistics.median(times):.4g} s)", **base)
     return Outcome(status=COMPLETE, value=statistics.median(times), step_times=tuple(times),
-                   **base)
+                   warmup_times=tuple(warmups), **base)
 
 
 def place(specs: Sequence[Any], ctx: Context) -> list[Any]:
@@ -322,10 +325,13 @@ def time_steps(
     ctx: Context,
     repeats: int,
     report: Callable[[int, float], bool] | None = None,
+    warmups: list[float] | None = None,
 ) -> list[float]:
     """Runs warm-ups then up to `repeats` timed steps through the monitored
     wrapper; stops early when `report` says so. The state output feeds the
-    next step, as in training.
+    next step, as in training. Each warm-up's seconds are appended to
+    `warmups` when given: they are steps too, untimed by design (the first
+    also finishes what the runtime does on an executable's first run).
 
     Raises:
       NonFinite: the outputs hold NaN or Inf after the warm-ups or at the end.
@@ -334,7 +340,9 @@ def time_steps(
     args = tuple(place(specs, ctx))
     result = None
     for _ in range(ctx.warmup):
-        result, _metrics = monitored(*args)
+        result, metrics = monitored(*args)
+        if warmups is not None:
+            warmups.append(metrics["execution_time"])
         args = next_step(result, args)
         progress(ctx, "step")
     if result is not None:

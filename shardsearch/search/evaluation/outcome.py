@@ -36,6 +36,9 @@ class Outcome:
         estimate); None unless complete.
       compile_seconds: lower + compile wall time; 0 when not compiled.
       step_times: every timed repeat, in order.
+      warmup_times: the untimed warm-up steps before them, in order, timed
+        the same way (the first includes the runtime's work on an
+        executable's first run); stored only when there are some.
       memory: per-device bytes: "arguments" (analyzer estimate) and, once
         compiled, XLA's "argument", "output", "temp", "alias" and "total".
       flops: flops per device per step: XLA's count with the matmul flops of
@@ -76,6 +79,7 @@ class Outcome:
     value: float | None = None
     compile_seconds: float = 0.0
     step_times: tuple[float, ...] = ()
+    warmup_times: tuple[float, ...] = ()
     memory: dict[str, int] = dataclasses.field(default_factory=dict)
     flops: float | None = None
     collective_bytes: float | None = None
@@ -111,11 +115,12 @@ class Outcome:
         out["status"] = self.status.value
         out["cut_stage"] = None if self.cut_stage is None else self.cut_stage.id
         out["step_times"] = list(self.step_times)
-        # Older outcomes have no notes: an outcome without any keeps their form.
-        if self.notes:
-            out["notes"] = list(self.notes)
-        else:
-            del out["notes"]
+        # Older outcomes have neither: an outcome without them keeps their form.
+        for key in ("notes", "warmup_times"):
+            if out[key]:
+                out[key] = list(out[key])
+            else:
+                del out[key]
         return out
 
     @classmethod
@@ -123,6 +128,7 @@ class Outcome:
         data = dict(data)
         data["step_times"] = tuple(data.get("step_times", ()))
         data["notes"] = tuple(data.get("notes", ()))
+        data["warmup_times"] = tuple(data.get("warmup_times", ()))
         return cls(**data)
 
 

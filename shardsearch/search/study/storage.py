@@ -112,6 +112,13 @@ def _sqlite_file_storage(url: str) -> optuna.storages.RDBStorage:
     def _no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
         # SQLAlchemy's begin event below opens the transactions instead.
         dbapi_connection.isolation_level = None
+        # Commits append to a write-ahead log instead of syncing the file: the
+        # per-step pruning reports and the per-parameter writes of a proposal
+        # stop waiting on the disk (measured: Trial.report 11-21 ms -> 5-7 ms,
+        # benchmarks/overhead). A power cut may lose the last transactions, not
+        # the file; WAL needs a local disk, as SQLite's locking already does.
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
 
     @event.listens_for(engine, "begin")
     def _begin_immediate(connection: Any) -> None:
