@@ -294,10 +294,11 @@ def test_compile_timeout_raises_and_leaves_the_caller_free():
 def test_the_search_and_a_users_monitored_run_time_the_same_step(mesh24):
     """The search's stage 3 and a user's own monitored loop time one plan alike.
 
-    Timings are noisy (two cores shared by eight simulated devices), so the
-    bound is loose and the numbers are printed: it catches a measurement of
-    something else (compilation, dispatch without waiting, a different
-    program), not small drifts.
+    What makes the two comparable is checked exactly, not by a timing window
+    (the earlier check accepted a 25x spread): both run the very same
+    program (equal HLO: the step, shardings, donation and output specs),
+    the same number of untimed and timed steps, and time each step through
+    the same wrapper. The medians are printed for a person to compare.
     """
     import statistics
 
@@ -310,10 +311,14 @@ def test_the_search_and_a_users_monitored_run_time_the_same_step(mesh24):
     specs, fp = _evaluate.resolve(baseline_candidates(workload, mesh24)["fsdp"], ctx)
     outcome = _evaluate.evaluate(specs, fp, ctx)
     assert outcome.status == "complete" and len(outcome.step_times) == 9
+    assert len(outcome.warmup_times) == 2
 
     monitored = ss.create_monitored_function(
         workload.step, specs, ss.ShardingAnalyzer(mesh24), out_specs=(specs[0], P()),
         donate_argnums=(0,))
+    searched, _seconds = _evaluate.compile_step(specs, ctx)
+    users, _seconds = monitored.compile(*workload.abstract())
+    assert users.as_text() == searched.as_text()  # the same program, to the instruction
     args = workload.init(0)
     user = []
     for i in range(2 + 9):
@@ -321,11 +326,9 @@ def test_the_search_and_a_users_monitored_run_time_the_same_step(mesh24):
         args = (state, *args[1:])
         if i >= 2:
             user.append(metrics["execution_time"])
-    search_median, user_median = statistics.median(outcome.step_times), statistics.median(user)
-    ratio = user_median / search_median
-    print(f"search median {search_median * 1e3:.3f} ms, user's monitored run "
-          f"{user_median * 1e3:.3f} ms, ratio {ratio:.2f}")
-    assert 0.2 < ratio < 5
+    assert len(user) == len(outcome.step_times) and all(s > 0 for s in user)
+    print(f"search median {statistics.median(outcome.step_times) * 1e3:.3f} ms, user's "
+          f"monitored run {statistics.median(user) * 1e3:.3f} ms")
 
 
 # --------------------------------------------------------------------------
