@@ -43,9 +43,11 @@ def searched(tmp_path_factory):
     os.chdir(folder)
     try:
         with contextlib.redirect_stdout(out):
+            # (--no-isolate: static estimates need no worker; the defaults under
+            # test are the storage and the plan file's name.)
             code = _cli.main(["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4",
                               "--trials", "5", "--objective", "static", "--quiet",
-                              "--no-compile-cache"])
+                              "--no-compile-cache", "--no-isolate"])
     finally:
         os.chdir(here)
     assert code == 0, out.getvalue()
@@ -111,7 +113,7 @@ def test_show_on_another_mesh_and_a_resized_model(searched, capsys):
     (["optimize", "--workload", "mlp:tiny", "--mesh", "dp=4,tp=4"],
      "needs 16 devices but there are 8"),
     (["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--objective", "static",
-      "--storage", "sqlite:////nonexistent-dir/x.db"], "cannot open storage"),
+      "--no-isolate", "--storage", "sqlite:////nonexistent-dir/x.db"], "cannot open storage"),
     (["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--trials", "x"],
      "argument --trials: not a whole number"),
     (["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--objective", "fast"],

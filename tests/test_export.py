@@ -215,7 +215,7 @@ def storage(tmp_path_factory):
 def static_result(storage):
     mesh = ss.create_mesh((2, 4), ("dp", "tp"))
     return ss.optimize(get_workload("mlp:tiny"), mesh=mesh, n_trials=5, objective="static",
-                    storage=storage, study_name="static", quiet=True)
+                    storage=storage, study_name="static", quiet=True, isolate=False)
 
 
 def test_export_from_result_equals_export_from_stored_study(static_result, storage):
@@ -280,7 +280,7 @@ def test_a_raw_step_study_exports_without_specs(tmp_path):
     args = ({"w": jax.ShapeDtypeStruct((64, 8), np.float32)},
             jax.ShapeDtypeStruct((16, 8), np.float32))
     result = ss.optimize(step, args, mesh=mesh, n_trials=2, objective="static",
-                      storage=f"sqlite:///{tmp_path}/s.db", quiet=True)
+                      storage=f"sqlite:///{tmp_path}/s.db", quiet=True, isolate=False)
     config = ss.export_config(result)
     assert config["workload"] is None and config["search"]["workload"] is None
     assert ss.load_plan(ss.write_config(config, tmp_path / "p.json")).leaves is None
@@ -301,7 +301,10 @@ def test_same_search_same_file_whatever_the_hash_seed(tmp_path):
         procs.append((out, subprocess.Popen(
             [sys.executable, "-m", "shardsearch", "optimize", "--workload", "mlp:tiny",
              "--mesh", "dp=2,tp=4", "--devices", "8", "--trials", "6", "--objective", "static",
-             "--storage", f"sqlite:///{tmp_path}/s{seed}.db", "--out", str(out), "--quiet"],
+             "--storage", f"sqlite:///{tmp_path}/s{seed}.db", "--out", str(out), "--quiet",
+             # In the process itself: a worker would only estimate, and estimates
+             # are under "results"; the plan's rules and specs are found here.
+             "--no-isolate"],
             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     files = []
     for out, proc in procs:

@@ -127,7 +127,8 @@ def test_the_command_line_starts_from_a_plan(mesh24, tmp_path, monkeypatch, caps
     plan = _write_plan(tmp_path / "mine.json", mesh24)
     argv = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--objective",
             "static", "--trials", "3", "--confirm-rounds", "0", "--quiet", "--no-compile-cache",
-            "--storage", _storage(tmp_path), "--start-from", str(plan), "--out", "out.json"]
+            "--no-isolate", "--storage", _storage(tmp_path), "--start-from", str(plan),
+            "--out", "out.json"]
     assert _cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "plan:mine" in out
