@@ -1,4 +1,9 @@
-"""Test setup: 8 simulated CPU devices, asked for before JAX starts its backend."""
+"""Test setup: 8 simulated CPU devices, asked for before JAX starts its backend,
+and one JAX compilation cache for the whole session."""
+
+import atexit
+import shutil
+import tempfile
 
 import jax
 
@@ -7,6 +12,18 @@ jax.config.update("jax_num_cpu_devices", 8)
 import pytest  # noqa: E402
 
 import shardsearch as ss  # noqa: E402
+from shardsearch.search.study.storage import use_compile_cache  # noqa: E402
+
+# The persistent compilation cache, as `shardsearch optimize` turns it on (the
+# same threshold: compiles over 0.5 s), in a folder of this session's own. The
+# same candidate compiled by several tests (and by their workers, which copy
+# this process's cache folder) is compiled once. The first in-process CLI
+# search would otherwise turn the process-wide cache on midway through the
+# session, in its own temporary folder, so that whether a test compiles or
+# reads from disk depended on whether it ran before or after that one.
+_COMPILE_CACHE = tempfile.mkdtemp(prefix="shardsearch-tests-jax-cache-")
+atexit.register(shutil.rmtree, _COMPILE_CACHE, True)
+use_compile_cache(_COMPILE_CACHE)
 
 MESH_SHAPES = {
     "8": ((8,), ("x",)),
