@@ -357,16 +357,37 @@ SUBPROCESS_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "words"), [c[1:] for c in SUBPROCESS_CASES],
-                         ids=[c[0] for c in SUBPROCESS_CASES])
-def test_factories_that_exit_do_not_end_the_command(argv, words, folder):
+@pytest.fixture(scope="module")
+def exited(folder):
+    """Each case's command run in its own process, all side by side (each
+    spends its time importing jax): `(exit code, stderr)` by case id."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
-    argv = [a.replace("{d}", str(folder)) for a in argv]
-    done = subprocess.run([sys.executable, "-m", "shardsearch", *argv], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert words in _one_line(done.stderr, argv[0])
+    procs = {}
+    try:
+        for case, argv, _words in SUBPROCESS_CASES:
+            argv = [a.replace("{d}", str(folder)) for a in argv]
+            procs[case] = subprocess.Popen(
+                [sys.executable, "-m", "shardsearch", *argv], cwd=folder, env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        done = {}
+        for case, proc in procs.items():
+            _out, err = proc.communicate(timeout=120)
+            done[case] = (proc.returncode, err)
+        return done
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+@pytest.mark.parametrize(("case", "argv", "words"), SUBPROCESS_CASES,
+                         ids=[c[0] for c in SUBPROCESS_CASES])
+def test_factories_that_exit_do_not_end_the_command(case, argv, words, exited):
+    code, err = exited[case]
+    assert code == 2, err
+    assert words in _one_line(err, argv[0])
 
 
 # --------------------------------------------------------------------------- the library

@@ -12,30 +12,63 @@ import shardsearch as ss
 from shardsearch.cli import main as _cli
 
 
-def _run(*argv):
+SCRIPT = Path(sys.executable).with_name("shardsearch")
+
+# What the subprocess tests run: each command in a fresh interpreter.
+IMPORTS = ("import json, sys\n"
+           "from shardsearch.cli import main\n"
+           "main.build_parser().parse_args(['bench', '--suite', 'x'])\n"
+           "print(json.dumps(sorted(m for m in sys.modules if m.startswith('shardsearch'))))\n")
+COMMANDS = {
+    "version": [str(SCRIPT), "--version"],
+    "help": [sys.executable, "-m", "shardsearch", "--help"],
+    "unknown": [sys.executable, "-m", "shardsearch", "--no-such-option"],
+    "imports": [sys.executable, "-c", IMPORTS],
+}
+
+
+@pytest.fixture(scope="module")
+def ran():
+    """Every command of COMMANDS run in its own process, all side by side (each
+    spends its time importing jax): a CompletedProcess by name. The console
+    script's is None when it is not installed."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=120, env=env, cwd=Path(__file__).parent)
+    procs = {}
+    try:
+        for name, argv in COMMANDS.items():
+            if name == "version" and not SCRIPT.exists():
+                continue
+            procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True, env=env, cwd=Path(__file__).parent)
+        done = {name: None for name in COMMANDS}
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=120)
+            done[name] = subprocess.CompletedProcess(COMMANDS[name], proc.returncode, out, err)
+        return done
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
-def test_console_script_version():
-    script = Path(sys.executable).with_name("shardsearch")
-    if not script.exists():
+def test_console_script_version(ran):
+    if ran["version"] is None:
         pytest.skip("the shardsearch console script is not installed in this environment")
-    out = _run(str(script), "--version")
+    out = ran["version"]
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"shardsearch {ss.__version__}"
 
 
-def test_module_help():
-    out = _run(sys.executable, "-m", "shardsearch", "--help")
+def test_module_help(ran):
+    out = ran["help"]
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: shardsearch")
     assert "--version" in out.stdout
 
 
-def test_unknown_option_is_one_line_exit_2():
-    out = _run(sys.executable, "-m", "shardsearch", "--no-such-option")
+def test_unknown_option_is_one_line_exit_2(ran):
+    out = ran["unknown"]
     assert out.returncode == 2
     assert out.stdout == ""
     lines = out.stderr.splitlines()
@@ -74,13 +107,10 @@ def test_each_command_module_registers_one_subcommand(capsys):
         assert command.name in out and command.help in " ".join(out.split())
 
 
-def test_parsing_and_help_import_no_benchmark_code():
-    # The commands import the library's heavy parts when they run, not before.
-    code = ("import json, sys\n"
-            "from shardsearch.cli import main\n"
-            "main.build_parser().parse_args(['bench', '--suite', 'x'])\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('shardsearch'))))\n")
-    out = _run(sys.executable, "-c", code)
+def test_parsing_and_help_import_no_benchmark_code(ran):
+    # The commands import the library's heavy parts when they run, not before
+    # (the process runs IMPORTS).
+    out = ran["imports"]
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout)
     assert "shardsearch.cli.bench" in loaded

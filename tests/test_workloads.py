@@ -355,12 +355,16 @@ def test_plans_do_not_depend_on_the_hash_seed():
         "for name, plan in r.plans.items():\n"
         "    print(name, jax.tree.leaves(plan.specs(w.abstract()), is_leaf=lambda x: "
         "isinstance(x, jax.sharding.PartitionSpec)))\n")
+    # The two processes run side by side; each spends its time importing jax.
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"})
+             for seed in ("0", "12345")]
     outputs = []
-    for seed in ("0", "12345"):
-        env = {**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, check=True)
-        outputs.append(out.stdout)
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(out)
     assert outputs[0] == outputs[1]
     assert "ep [" in outputs[0]
 
