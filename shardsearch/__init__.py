@@ -20,6 +20,7 @@ from .base.mesh import use_cpu_devices as use_cpu_devices
 from .base.monitor import ShardingWarning as ShardingWarning
 from .base.monitor import barrier_sync as barrier_sync
 from .base.monitor import create_monitored_function as create_monitored_function
+from .base.target import target_mesh as target_mesh
 from .cost.calibrate import calibrate as calibrate
 from .cost.chips import HARDWARE as HARDWARE
 from .cost.hardware import HardwareModel as HardwareModel
@@ -87,6 +88,7 @@ __all__ = [
     "parse_mesh",
     "partition_rules_source",
     "register_objective",
+    "target_mesh",
     "use_cpu_devices",
     "write_config",
 ]

@@ -2,8 +2,15 @@
 and one JAX compilation cache for the whole session."""
 
 import atexit
+import os
 import shutil
 import tempfile
+
+# The tests run on simulated CPU devices even where libtpu or the CUDA plugin
+# is installed (the `tpu` and `cuda` extras): those compile for their chips
+# deviceless (`shardsearch.target_mesh`) beside the CPU devices. The
+# environment carries the choice to the subprocesses the tests start.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 

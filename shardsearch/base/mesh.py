@@ -160,6 +160,10 @@ def use_cpu_devices(n: int) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"use_cpu_devices: n must be a positive integer, got {n!r}")
     try:
+        # Simulated devices are CPU devices; an installed accelerator plugin
+        # (the tpu or cuda extra, for compiling deviceless) must not become
+        # the default backend, nor start looking for its hardware.
+        jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", n)
         return
     except RuntimeError:

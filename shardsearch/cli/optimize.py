@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..base.target import TARGET_CHIPS, target_of
 from ..cost.chips import HARDWARE
 from ..search.evaluation.context import EXECUTE_TIMEOUT
 from ..search.evaluation.objectives import OBJECTIVES, Hybrid
@@ -53,10 +54,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", metavar="BYTES",
                    help="per-device memory budget, e.g. 16GiB (default: the device's memory "
                         "where JAX reports it, else none)")
-    p.add_argument("--objective", choices=tuple(OBJECTIVES), default="measured",
+    p.add_argument("--objective", choices=tuple(OBJECTIVES), default=None,
                    help="measured: median step time on the mesh (default); static: estimated "
-                        "from the compiled program, nothing runs; hybrid: every candidate "
-                        "estimated, only those near the best estimates measured")
+                        "from the compiled program, nothing runs (the default with --target); "
+                        "hybrid: every candidate estimated, only those near the best "
+                        "estimates measured")
+    p.add_argument("--target", choices=tuple(TARGET_CHIPS), metavar="CHIP",
+                   help="compile every candidate with this chip's own compiler, without the "
+                        f"chip ({', '.join(TARGET_CHIPS)}; needs the tpu or cuda extra): the "
+                        "mesh is the chip's compile-only devices, memory verdicts are the "
+                        "chip's; implies --hardware CHIP and --objective static (see "
+                        "docs/targets.md)")
+    p.add_argument("--topology", metavar="DIMS",
+                   help="with --target: the chip's topology, e.g. 4x4x4 (TPU) or 1x12x8 "
+                        "(GPU: slices x hosts x devices per host); default derived from the "
+                        "mesh's device count")
     p.add_argument("--hardware", metavar="NAME|FILE",
                    help="the hardware model the static and hybrid objectives estimate with: "
                         f"one of {', '.join(HARDWARE)}, or a JSON model (what `shardsearch "
@@ -134,6 +146,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     several = distributed_requested(a)
+    if a.objective is None:
+        a.objective = "static" if a.target else "measured"
+    if a.topology is not None and a.target is None:
+        raise UsageError(f"--topology {a.topology} is the topology of a --target chip; add "
+                         "--target CHIP or drop it")
+    if a.target is not None:
+        if several:
+            raise UsageError(f"--target {a.target} compiles in one process (its devices run "
+                             "nothing); drop the options that start several processes")
+        # Nothing runs on a target's devices: keep JAX from starting a plugin
+        # for an accelerator this machine lacks (unless the user chose).
+        if not os.environ.get("JAX_PLATFORMS"):
+            import jax
+
+            jax.config.update("jax_platforms", "cpu")
     if several and a.isolate:
         raise UsageError("--isolate is not available across processes (a worker cannot join "
                          "the mesh); drop it")
@@ -181,9 +208,10 @@ def search(a: argparse.Namespace, several: bool) -> int:
         raise UsageError(f"--dcn-axes {','.join(a.dcn_axes)}: {', '.join(map(repr, unknown))} "
                          f"is not an axis of --mesh {a.mesh} (axes: {', '.join(names)})")
     objective = objective_option(a)
-    hardware = hardware_option(a.hardware, objective)
+    hardware = hardware_option(a.hardware or a.target, objective)
     chosen = workload(a.workload)
-    mesh = make_mesh(dims, names)
+    mesh = (make_target_mesh(a.target, dims, names, a.topology, a.dcn_axes) if a.target
+            else make_mesh(dims, names))
     out = Path(a.out or f"shardsearch-{slug(chosen.name)}-{slug(axes(mesh))}.json")
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name")
@@ -202,9 +230,10 @@ def search(a: argparse.Namespace, several: bool) -> int:
     else:
         distributed = rank = None
     if not rank:
-        print(f"shardsearch {__version__}: {chosen.name} on mesh {axes(mesh)} ({n} "
-              f"{mesh.devices.flat[0].platform} devices), {a.trials} trials, objective "
-              f"{a.objective}", flush=True)
+        devices = (f"{n} {mesh.devices.flat[0].platform} devices" if a.target is None
+                   else f"compiled for {target_of(mesh).describe()}")
+        print(f"shardsearch {__version__}: {chosen.name} on mesh {axes(mesh)} ({devices}), "
+              f"{a.trials} trials, objective {a.objective}", flush=True)
     try:
         result = optimize(
             chosen, mesh=mesh, n_trials=a.trials, timeout=a.timeout, memory_budget=budget,
@@ -384,6 +413,31 @@ def make_mesh(dims: Sequence[int], names: Sequence[str]) -> Any:
             f"{len(devices)}; shrink the mesh or simulate more with --devices "
             f"{math.prod(dims)}")
     return usage(create_mesh, dims, names, devices)
+
+
+def make_target_mesh(chip: str, dims: Sequence[int], names: Sequence[str],
+                     topology: str | None, dcn_axes: Sequence[str]) -> Any:
+    """The mesh over `chip`'s compile-only devices (`base.target.target_mesh`);
+    bad sizes, a bad topology or a missing plugin are usage errors."""
+    from ..base.target import Target, TargetUnavailable, target_chip, target_mesh
+
+    if -1 in dims:
+        if topology is None:
+            raise UsageError(f"--mesh {axes_of(dims, names)}: with --target a size of -1 "
+                             "needs --topology, which fixes the device count; give every size")
+        total = usage(Target, chip, topology).device_count
+        if target_chip(chip).platform == "tpu":
+            total *= math.prod(d for d, n in zip(dims, names, strict=True) if n in dcn_axes)
+        known = math.prod(d for d in dims if d != -1)
+        if total % known:
+            raise UsageError(f"--mesh {axes_of(dims, names)}: the other axes do not divide "
+                             f"the {total} devices of topology {topology}")
+        dims = [total // known if d == -1 else d for d in dims]
+    try:
+        return target_mesh(chip, dict(zip(names, dims, strict=True)), topology=topology,
+                           dcn_axes=tuple(dcn_axes))
+    except (ValueError, TargetUnavailable) as err:
+        raise UsageError(str(err)) from None
 
 
 def slug(text: str) -> str:

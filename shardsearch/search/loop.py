@@ -237,6 +237,9 @@ def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:
     if scorer.uses_hardware:
         # Which model the estimates came from, and the axes it took as crossing hosts.
         hardware |= {"model": ctx.hardware_model().name, "dcn_axes": list(ctx.dcn_axes)}
+    if ctx.target is not None:
+        # Compiled by the chip's own compiler, deviceless: for what, by which release.
+        hardware["target"] = ctx.target.to_json()
     # What `shardsearch export` needs to rebuild the plan without this process.
     for key, value in {
         attrs.WORKLOAD: setup.workload.name if setup.workload is not None else None,

@@ -24,8 +24,10 @@ import numpy as np
 
 from ..base import mesh as _mesh
 from ..base import tree as _tree
+from ..base.target import Target, target_of
 from ..base.units import parse_bytes
 from ..base.warnings import warn_notes
+from ..cost.chips import HARDWARE
 from ..cost.hardware import HardwareModel
 from ..rules.base import ShardingRule
 from .evaluation import evaluate as _evaluate
@@ -77,7 +79,7 @@ class SearchSettings:
     repeats: int = 7
     confirm_rounds: int = 10
     compile_timeout: float = 600.0
-    hardware: HardwareModel | None = None
+    hardware: HardwareModel | str | None = None
     compile_cache: str | os.PathLike[str] | None = None
     quiet: bool = False
     space: str = "both"
@@ -103,6 +105,11 @@ class SearchSettings:
                 f"optimize: need warmup >= 0, repeats >= 1 and confirm_rounds >= 0, got "
                 f"warmup={self.warmup}, repeats={self.repeats}, "
                 f"confirm_rounds={self.confirm_rounds}")
+        if isinstance(self.hardware, str):
+            if self.hardware not in HARDWARE:
+                raise ValueError(f"optimize: hardware={self.hardware!r} is not a named chip; "
+                                 f"known: {', '.join(HARDWARE)}, or pass a HardwareModel")
+            object.__setattr__(self, "hardware", HARDWARE[self.hardware])
         dcn = self.dcn_axes
         if isinstance(dcn, str) or not all(isinstance(a, str) for a in dcn):
             raise ValueError(f"optimize: dcn_axes={dcn!r}; give a sequence of mesh axis "
@@ -253,10 +260,12 @@ def _minimum_footprint(abstract_args: Sequence[Any], n_devices: int) -> int:
 
 
 def _default_budget(ctx: Context) -> int | None:
-    """The budget when none is given: for an objective that runs nothing, the
-    hardware model's memory (a named chip's HBM) when it states one, since
-    the plan is for that chip; else the memory JAX reports for the devices at
-    hand."""
+    """The budget when none is given: a target's memory (`Context.chip_memory`);
+    for an objective that runs nothing, the hardware model's memory (a named
+    chip's HBM) when it states one, since the plan is for that chip; else the
+    memory JAX reports for the devices at hand."""
+    if ctx.chip_memory() is not None:
+        return ctx.chip_memory()
     if not ctx.objective.needs_host_args:
         try:
             model = ctx.hardware_model()
@@ -285,18 +294,38 @@ def _check_dcn_axes(dcn_axes: Any, mesh: jax.sharding.Mesh) -> tuple[str, ...]:
     return axes
 
 
-def _check_mesh(mesh: Any) -> jax.sharding.Mesh:
+def _check_mesh(mesh: Any) -> tuple[jax.sharding.Mesh, Target | None]:
+    """The mesh, and the chip it compiles for when it is a target's."""
     if not isinstance(mesh, jax.sharding.Mesh):
         raise ValueError(
             f"optimize needs a concrete Mesh to compile on, got {type(mesh).__name__}; build "
-            "one with shardsearch.create_mesh (simulate devices with use_cpu_devices(n))")
+            "one with shardsearch.create_mesh (simulate devices with use_cpu_devices(n)), or "
+            "shardsearch.target_mesh for a chip this machine does not have")
+    try:
+        target = target_of(mesh)
+    except ValueError as err:
+        raise ValueError(f"optimize: {err}") from None
+    if target is not None:
+        return mesh, target
     available = {d.id for d in jax.devices()}
     missing = [d.id for d in mesh.devices.flat if d.id not in available]
     if missing:
         raise ValueError(
             f"the mesh uses devices {missing} that this process does not have "
             f"({len(available)} devices); build the mesh from jax.devices()")
-    return mesh
+    return mesh, None
+
+
+def _check_target(target: Target, scorer: Objective, dcn_axes: tuple[str, ...]) -> None:
+    if scorer.needs_host_args:
+        raise ValueError(
+            f"optimize: objective {scorer.name!r} runs the step, and the mesh is {target.chip}'s "
+            "compile-only devices, which run nothing; use objective 'static' (each candidate "
+            "compiled by the chip's compiler and priced), or a mesh of devices you have")
+    if dcn_axes and tuple(dcn_axes) != target.dcn_axes:
+        raise ValueError(
+            f"optimize: dcn_axes={dcn_axes} but the target mesh was made with dcn_axes="
+            f"{target.dcn_axes}; give them to target_mesh only")
 
 
 def make_context(
@@ -334,7 +363,9 @@ def make_context(
         scorer = get_objective(settings.objective)
     except ValueError as err:
         raise ValueError(f"optimize: {err}") from None
-    mesh = _check_mesh(mesh)
+    mesh, target = _check_mesh(mesh)
+    if target is not None:
+        _check_target(target, scorer, settings.dcn_axes)
     args = tuple(args)
     abstract_args = _as_abstract(args)
     try:
@@ -343,11 +374,11 @@ def make_context(
         raise ValueError(
             f"optimize: the step cannot be traced with these arguments: "
             f"{type(err).__name__}: {err}") from None
-    dcn_axes = _check_dcn_axes(settings.dcn_axes, mesh)
+    dcn_axes = _check_dcn_axes(settings.dcn_axes or (target.dcn_axes if target else ()), mesh)
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
-                  verbose=settings.verbose, dcn_axes=dcn_axes)
+                  verbose=settings.verbose, dcn_axes=dcn_axes, target=target)
     if scorer.uses_hardware:
         try:
             ctx.hardware_model()

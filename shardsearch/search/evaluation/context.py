@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from ...base.analyzer import ShardingAnalyzer
+from ...base.target import Target
 from ...cost.chips import hardware_for
 from ...cost.hardware import HardwareModel
 from ...cost.topology import Topology
@@ -60,6 +61,10 @@ class Context:
         process.
       dcn_axes: the mesh axes that cross hosts, so the hardware model charges
         collectives over them at the network between hosts (`topology()`).
+      target: what the mesh compiles for when it is a chip's compile-only
+        devices (`base.target.target_mesh`); None for this host's devices.
+        Its chip names the default hardware model, and its compiler's
+        verdict on memory is final.
 
     What changes from trial to trial (the study's recorded estimates) is not
     here: it travels with the trial (`evaluate(..., estimates=...)`).
@@ -81,18 +86,29 @@ class Context:
     verbose: bool = False
     progress: Callable[[str], None] | None = None
     dcn_axes: tuple[str, ...] = ()
+    target: Target | None = None
 
     @property
     def analyzer(self) -> ShardingAnalyzer:
         return ShardingAnalyzer(self.mesh)
 
     def hardware_model(self) -> HardwareModel:
-        """`hardware`, else the built-in model for the mesh's platform.
+        """`hardware`, else the target's chip, else the built-in model for
+        the mesh's platform.
 
         Raises:
           ValueError: no model given and none built in for the platform.
         """
-        return hardware_for(self.mesh.devices.flat[0].platform, self.hardware)
+        name = self.target.chip if self.target is not None else self.mesh.devices.flat[0].platform
+        return hardware_for(name, self.hardware)
+
+    def chip_memory(self) -> int | None:
+        """Bytes per device that no budget can raise: a target's memory (a
+        GPU's from its target config, else the chip's hardware model); None
+        for this host's devices."""
+        if self.target is None:
+            return None
+        return self.target.memory_bytes or self.hardware_model().memory_bytes
 
     def topology(self) -> Topology:
         """The mesh's axes and which of them cross hosts, for the hardware model."""

@@ -27,6 +27,7 @@ mesh. Either way XLA's log lines of a candidate are caught and counted in its
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ...base.monitor import create_monitored_function
+from ...base.target import uncached
 from ...cost.program import ProgramCost, XlaMemory
 from ..space.candidate import Candidate
 from . import logs as _logs
@@ -149,7 +151,8 @@ def compile_step(specs: Sequence[Any], ctx: Context) -> tuple[CompiledStep, floa
     progress(ctx, "compiling")
     monitored = monitored_step(specs, ctx)
     try:
-        executable, seconds = monitored.compile(*ctx.abstract_args)
+        with uncached() if ctx.target is not None else contextlib.nullcontext():
+            executable, seconds = monitored.compile(*ctx.abstract_args)
     finally:
         ctx.compiles += 1
         if ctx.compiles % CLEAR_CACHES_EVERY == 0:
@@ -221,12 +224,27 @@ def compile_and_score(
     try:
         compiled, compile_seconds = compile_step(specs, ctx)
     except Exception as err:  # any compile error is the candidate's, not the study's
+        refusal = over_chip_memory(err) if ctx.target is not None else None
+        if refusal is not None:
+            return Outcome(fp, CUT, Stage.COMPILE, f"over the chip's memory: "
+                           f"{ctx.target.chip}'s compiler refused it ({refusal})",
+                           memory=memory)
         return Outcome(fp, FAILED, None, f"compile failed: {type(err).__name__}: {err}",
                        memory=memory)
     program = ProgramCost.from_compiled(compiled)
     memory.update(program.memory.to_json())
     candidate = CompiledCandidate(fp, tuple(specs), compiled, program, compile_seconds, memory,
                                   tuple(estimates))
+    chip_memory = ctx.chip_memory()
+    if chip_memory is not None and memory["total"] > chip_memory:
+        # The GPU compiler only warns about a program over the device's
+        # memory; the chip's memory is a limit no budget can raise.
+        return candidate.outcome(
+            CUT, cut_stage=Stage.COMPILE,
+            reason=f"over the chip's memory: {ctx.target.chip}'s compiler needs "
+                   f"{memory['total']} bytes per device (arguments {memory['argument']} + "
+                   f"outputs {memory['output']} + temporaries {memory['temp']} - aliased "
+                   f"{memory['alias']}), over its {chip_memory}")
     if ctx.budget is not None and memory["total"] > ctx.budget:
         return candidate.outcome(
             CUT, cut_stage=Stage.COMPILE,
@@ -240,6 +258,23 @@ def compile_and_score(
         return ctx.objective.score(candidate, ctx, report)
     except Exception as err:  # a step that raises on the devices fails this candidate only
         return candidate.outcome(FAILED, reason=f"step raised while measuring: {error_line(err)}")
+
+
+def over_chip_memory(err: BaseException) -> str | None:
+    """The chip compiler's words when it refused a program for not fitting
+    the chip's memory (libtpu: `RESOURCE_EXHAUSTED: Ran out of memory on
+    HBM ...`), else None.
+
+    Example:
+      >>> over_chip_memory(RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM: "
+      ...     "temporaries (17.74G) exceed HBM (15.75G).\nmore"))
+      'Ran out of memory on HBM: temporaries (17.74G) exceed HBM (15.75G)'
+    """
+    text = str(err)
+    if "RESOURCE_EXHAUSTED" not in text or "memory" not in text.lower():
+        return None
+    line = next((ln for ln in text.splitlines() if "RESOURCE_EXHAUSTED" in ln), text)
+    return line.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().rstrip(".")
 
 
 def error_line(err: BaseException) -> str:

@@ -420,7 +420,7 @@ def _write_payload(folder: Path, ctx: Context, program: tuple[str, Any]) -> None
                  tuple(mesh.axis_names), tuple(mesh.axis_types)),
         "budget": ctx.budget, "objective": ctx.objective, "warmup": ctx.warmup,
         "repeats": ctx.repeats, "compile_timeout": ctx.compile_timeout,
-        "hardware": ctx.hardware, "dcn_axes": tuple(ctx.dcn_axes),
+        "hardware": ctx.hardware, "dcn_axes": tuple(ctx.dcn_axes), "target": ctx.target,
     }
     config = _jax_config()
     # What a worker removes if this process dies without cleaning up (kill -9).

@@ -89,7 +89,9 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
         body["treedef"], [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in body["avals"]])
     step = _step(body["program"], abstract_args)
     ids, grid, names, types = body["mesh"]
-    devices = {d.id: d for d in jax.devices()}
+    target = body["target"]
+    # A target's compile-only devices are made by its compiler here, as there.
+    devices = {d.id: d for d in (target.devices() if target is not None else jax.devices())}
     missing = [i for i in ids if i not in devices]
     if missing:
         raise RuntimeError(f"the worker has no devices {missing} ({len(devices)} devices); "
@@ -112,7 +114,8 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
 
     return Context(step, abstract_args, mesh, host_args, body["budget"], body["objective"],
                    body["warmup"], body["repeats"], body["compile_timeout"], body["hardware"],
-                   executor=InProcess(), progress=progress, dcn_axes=body["dcn_axes"])
+                   executor=InProcess(), progress=progress, dcn_axes=body["dcn_axes"],
+                   target=target)
 
 
 def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:

@@ -26,7 +26,9 @@ SAMPLER = "sampler"
 """The sampler, as `repr` gives it."""
 HARDWARE = "hardware"
 """The devices (platform, kind, count) and, for an estimating objective, the
-hardware model's name and the axes it took as crossing hosts."""
+hardware model's name and the axes it took as crossing hosts; for a mesh of a
+chip's compile-only devices, `target` (`base.target.Target.to_json()`:
+platform, chip, topology, slices, the compiler packages' versions)."""
 RESULT = "result"
 """The last finished search's summary (`OptimizeResult.to_json()` without the
 trials), None while one runs."""

@@ -182,6 +182,9 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
     - For an objective that estimates (`uses_hardware`): `hardware` (the
       model's name), `hardware_hash` (12 hex digits of its JSON: a
       recalibrated model of the same name differs) and `dcn_axes`.
+    - For a mesh of a chip's compile-only devices (`ctx.target`): `target`
+      (chip, topology, slices), `compiler` (libtpu's or the CUDA plugin's
+      version) and, for GPUs, `target_config` (a hash of its text).
     - For an objective that runs the step (`needs_host_args`): `warmup` and
       `repeats`, and `host` (the machine's name): step times from two
       machines are not comparable.
@@ -193,6 +196,14 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
         out += [("hardware", model.name),
                 ("hardware_hash", hashlib.sha256(text.encode()).hexdigest()[:12]),
                 ("dcn_axes", tuple(ctx.dcn_axes))]
+    if ctx.target is not None:
+        # Compiled by the chip's compiler: which chip, laid out how, by which
+        # compiler release (a new libtpu can decide differently).
+        target = ctx.target.to_json()
+        out += [("target", f"{target['chip']} {target['topology']} x{target['slices']}"),
+                ("compiler", " ".join(f"{k}={v}" for k, v in target["versions"].items()))]
+        if "config_sha256" in target:
+            out.append(("target_config", target["config_sha256"]))
     if ctx.objective.needs_host_args:
         out += [("warmup", ctx.warmup), ("repeats", ctx.repeats),
                 ("host", socket.gethostname())]
