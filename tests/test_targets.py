@@ -125,6 +125,17 @@ def test_dcn_axes_span_tpu_slices():
         assert {d.slice_index for d in mesh.devices[row]} == {row}
 
 
+def test_gpu_dcn_axes_span_hosts_and_the_rest_stays_inside_one():
+    _need("cuda")
+    mesh = ss.target_mesh("gpu-h100", {"dp": 8, "tp": 2}, dcn_axes=("dp",))
+    assert target_of(mesh).topology == "1x2x8"
+    for row in mesh.devices:  # each tp pair on one host
+        assert len({d.process_index for d in row}) == 1
+    assert {d.process_index for d in mesh.devices[:, 0]} == {0, 1}
+    with pytest.raises(ValueError, match="put the dcn_axes"):
+        ss.target_mesh("gpu-h100", {"tp": 2, "dp": 8}, dcn_axes=("dp",))
+
+
 def test_mesh_errors_say_what_and_how():
     with pytest.raises(ValueError, match="dcn_axes"):
         ss.target_mesh("tpu-v5e", {"dp": 4}, dcn_axes=("pp",))

@@ -347,7 +347,9 @@ def target_mesh(
                          f"{topology}{f' x {slices} slices' if slices > 1 else ''} has "
                          f"{target.device_count}; change the axes or the topology")
     devices = target.devices()
-    if dcn_axes:
+    if dcn_axes and spec.platform == "cuda":
+        grid = _host_grid(names, sizes, tuple(dcn_axes), devices, spec.per_host, where)
+    elif dcn_axes:
         dcn = tuple(axes[a] if a in dcn_axes else 1 for a in names)
         ici = tuple(1 if a in dcn_axes else axes[a] for a in names)
         from jax.experimental import mesh_utils
@@ -364,6 +366,22 @@ def target_mesh(
     mesh = Mesh(grid, names, axis_types=(AxisType.Auto,) * len(names))
     _MESHES[mesh] = target
     return mesh
+
+
+def _host_grid(names: tuple[str, ...], sizes: tuple[int, ...], dcn_axes: tuple[str, ...],
+               devices: Sequence[Any], per_host: int, where: str) -> np.ndarray:
+    """GPUs in host order, the dcn axes outermost: the other axes stay inside
+    a host, and the dcn axes span the hosts (and, when larger, part of each)."""
+    leading = names[:len(dcn_axes)]
+    if set(leading) != set(dcn_axes):
+        raise ValueError(f"{where}: put the dcn_axes {list(dcn_axes)} first in the mesh's "
+                         f"axes {list(names)}: the axes after them stay inside one host")
+    inside = math.prod(sizes[len(dcn_axes):])
+    if per_host % inside and len(devices) > per_host:
+        raise ValueError(f"{where}: the axes after the dcn axes use {inside} GPUs, which "
+                         f"do not fit evenly in hosts of {per_host}")
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    return np.array(ordered, dtype=object).reshape(sizes)
 
 
 def _device_grid(sizes: tuple[int, ...], devices: Sequence[Any]) -> np.ndarray:

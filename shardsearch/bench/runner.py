@@ -38,6 +38,7 @@ import optuna
 
 from ..base import mesh as _mesh
 from ..base.analyzer import ShardingAnalyzer
+from ..base.target import target_mesh, target_of
 from ..base.units import parse_bytes
 from ..cost.chips import HARDWARE, hardware_for
 from ..cost.program import XlaMemory
@@ -166,6 +167,11 @@ def resolve_budget(entry: Entry, workload: Any, mesh: Any, *,
         compiled, _seconds = _evaluate.compile_step(replicated, ctx)
         out["replicated_total"] = XlaMemory.from_compiled(compiled).total
         out["bytes"] = out["replicated_total"] // 4
+    elif entry.budget == PUBLISHED and target_of(mesh) is not None:
+        # Compiled by the chip's compiler: its memory is the limit, whatever
+        # the published plan needs (it fits, or the compiler says it does not).
+        out["chip_bytes"] = out["bytes"] = (target_of(mesh).memory_bytes
+                                            or getattr(hardware, "memory_bytes", None))
     elif entry.budget == PUBLISHED:
         chip = getattr(hardware, "memory_bytes", None)
         need = ((published or {}).get("memory_per_device") or {}).get("total")
@@ -197,10 +203,12 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     jax.clear_caches()
     workload = get_workload(entry.workload_name)
     dims, names = _mesh.parse_mesh(entry.mesh)
-    mesh = _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])
+    chip = entry.hardware or suite.hardware
+    mesh = (target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
+            if suite.target else
+            _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)]))
     repeats = repeats or suite.repeats
     n_trials = trials or entry.trials
-    chip = entry.hardware or suite.hardware
     hardware = HARDWARE[chip] if chip else None
     published = None
     if entry.published is not None:
@@ -285,6 +293,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         "objective": entry.objective,
         "hardware_model": (hardware_for(mesh.devices.flat[0].platform, hardware).name
                            if objective.timed_in == "estimate" else None),
+        **({"target": target_of(mesh).to_json()} if target_of(mesh) is not None else {}),
         "budget": budget,
         "timing": {"warmup": suite.warmup, "repeats": repeats, "rounds": rounds,
                    "trials": n_trials, "overridden": trials is not None},

@@ -26,6 +26,7 @@ import jax
 from ..base import mesh as _mesh
 from ..base.jsonfile import read_json
 from ..base.limits import check_simulated_devices
+from ..base.target import TARGET_CHIPS
 from ..base.units import parse_bytes
 from ..cost.chips import HARDWARE
 from ..search.evaluation.objectives import OBJECTIVES
@@ -49,7 +50,7 @@ _ENTRY_KEYS = ("id", "workload", "size", "mesh", "trials", "timeout", "budget", 
 # those suites' entry files keep their form.
 OPTIONAL_KEYS = ("spec", "hardware", "dcn_axes", "published")
 _SUITE_KEYS = ("schema", "suite", "description", "platform", "devices", "simulated", "hardware",
-               "timing", "entries")
+               "timing", "entries", "target")
 _TIMING_KEYS = ("warmup", "repeats", "rounds")
 
 
@@ -186,6 +187,9 @@ class Suite:
       warmup, repeats: untimed and timed steps per candidate in the search.
       rounds: interleaved rounds of the comparison run.
       description: one paragraph for people.
+      target: compile every entry for its chip (`hardware`) with the chip's
+        own compiler, deviceless (`base.target.target_mesh`), instead of for
+        this machine's devices; static entries only.
     """
 
     name: str
@@ -199,6 +203,7 @@ class Suite:
     rounds: int = 20
     description: str = ""
     hardware: str | None = None
+    target: bool = False
 
     def __post_init__(self) -> None:
         where = f"suite file {self.path}"
@@ -227,7 +232,12 @@ class Suite:
             if entry.id in seen:
                 raise ValueError(f"{at}: the id is used twice; give each entry its own id")
             seen.add(entry.id)
-            if entry.devices > self.devices:
+            chip = entry.hardware or self.hardware
+            if self.target and (chip not in TARGET_CHIPS or entry.objective != "static"):
+                raise ValueError(f"{at}: a target suite compiles for the entry's chip, one of "
+                                 f"{tuple(TARGET_CHIPS)}, with the static objective; got "
+                                 f"hardware {chip!r}, objective {entry.objective!r}")
+            if entry.devices > self.devices and not self.target:
                 raise ValueError(f"{at}: mesh {entry.mesh} needs {entry.devices} devices but "
                                  f"the suite has {self.devices}; shrink the mesh")
 
@@ -363,7 +373,8 @@ def load_suite(name_or_path: str, suites_dir: str | Path | None = None) -> Suite
         return Suite(name=data["suite"], path=path, platform=data["platform"],
                      devices=data["devices"], simulated=bool(data.get("simulated", False)),
                      entries=tuple(entries), description=data.get("description", ""),
-                     hardware=data.get("hardware"), **timing)
+                     hardware=data.get("hardware"), target=bool(data.get("target", False)),
+                     **timing)
     except TypeError as err:
         raise ValueError(f"{where}: {err}") from None
 
