@@ -449,3 +449,37 @@ def test_plan_specs_checks_the_batch_against_a_mesh():
         plan.specs(args, ss.abstract_mesh((4, 8), ("dp", "tp")))
     with pytest.raises(ValueError, match=r"\(state, batch\) pair"):
         plan.specs(args[0])
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt"])
+def test_chunked_attention_computes_the_dense_loss_and_gradients(model):
+    # Memory-bounded attention (queries in blocks, recomputed in the backward
+    # pass) is the same function as the whole score matrix: same loss, same
+    # gradients, on a causal mask that crosses block edges.
+    from shardsearch.workloads import _layers
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (2, 16, 4, 8))
+    k = jax.random.normal(keys[1], (2, 16, 2 if model == "llama" else 4, 8))
+    v = jax.random.normal(keys[2], k.shape)
+
+    def loss(q, k, v, chunk):
+        return jnp.sum(jnp.sin(_layers.causal_attention(q, k, v, chunk)))
+
+    dense = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, None)
+    chunked = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, 4)
+    np.testing.assert_allclose(chunked[0], dense[0], rtol=1e-5)
+    for got, want in zip(chunked[1], dense[1], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_custom_shape_takes_an_attention_chunk_that_divides_seq():
+    shape = {"layers": 2, "d_model": 64, "heads": 4, "d_ff": 128, "vocab": 256, "seq": 32,
+             "batch": 8, "attention_chunk": 8}
+    w = wl.get_workload("llama:custom", **shape)
+    assert '"attention_chunk":8' in w.name and wl.get_workload(w.name).name == w.name
+    without = wl.get_workload("llama:custom", **{k: v for k, v in shape.items()
+                                              if k != "attention_chunk"})
+    assert "attention_chunk" not in without.name
+    with pytest.raises(ValueError, match="attention_chunk=12 does not divide seq=32"):
+        wl.get_workload("llama:custom", **{**shape, "attention_chunk": 12})

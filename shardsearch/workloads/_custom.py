@@ -21,9 +21,13 @@ Keys (all sizes positive ints):
            kv_heads (default heads), head_dim (default d_model // heads),
            compute_dtype ("float32" default, or "bfloat16"),
            activation_sharding ({"mesh": {axis: size}, "batch": [axis]}:
-           the activations' batch dim pinned to those axes, `_activations`)
+           the activations' batch dim pinned to those axes, `_activations`),
+           attention_chunk (queries per block of memory-bounded attention,
+           dividing seq: the memory of the fused attention the published
+           runs used, `_layers.causal_attention`; default the whole
+           score matrix)
     gpt:   layers, d_model, heads, d_ff, vocab, seq, batch (required);
-           compute_dtype, activation_sharding
+           compute_dtype, activation_sharding, attention_chunk
 """
 
 from __future__ import annotations
@@ -45,9 +49,9 @@ _REQUIRED = ("layers", "d_model", "heads", "d_ff", "vocab", "seq", "batch")
 # model -> every key, in the order the canonical name spells them.
 KEYS: dict[str, tuple[str, ...]] = {
     "llama": ("layers", "d_model", "heads", "kv_heads", "head_dim", "d_ff", "vocab", "seq",
-              "batch", "compute_dtype", "activation_sharding"),
+              "batch", "compute_dtype", "activation_sharding", "attention_chunk"),
     "gpt": ("layers", "d_model", "heads", "d_ff", "vocab", "seq", "batch", "compute_dtype",
-            "activation_sharding"),
+            "activation_sharding", "attention_chunk"),
 }
 _NOT_SIZES = ("compute_dtype", "activation_sharding")
 
@@ -128,6 +132,10 @@ def _check_divisible(model: str, spec: Mapping[str, Any], at: str) -> None:
                 f"{what} as a multiple of {by}" + (
                     " or give head_dim" if (what, by) == ("d_model", "heads")
                     and model == "llama" else ""))
+    chunk = spec.get("attention_chunk")
+    if chunk is not None and spec["seq"] % chunk:
+        raise ValueError(f"{at}{model}:{CUSTOM}: attention_chunk={chunk} does not divide "
+                         f"seq={spec['seq']}; pick a divisor of seq")
     head_dim = spec.get("head_dim", spec["d_model"] // spec["heads"])
     if model == "llama" and head_dim % 2:
         raise ValueError(f"{at}{model}:{CUSTOM}: head_dim={head_dim} must be even (rotary "
@@ -140,7 +148,8 @@ def _config(model: str, spec: Mapping[str, Any], dtype: str,
               "d_model": spec["d_model"], "n_layers": spec["layers"],
               "n_heads": spec["heads"], "d_ff": spec["d_ff"], "stacked": True,
               "remat": True, "abstract_only": True, "compute_dtype": dtype,
-              "activation_sharding": activations}
+              "activation_sharding": activations,
+              "attention_chunk": spec.get("attention_chunk")}
     if model == "gpt":
         return _gpt.GPTConfig(**common)
     head_dim = spec.get("head_dim")
@@ -156,7 +165,8 @@ def _resolved(model: str, config: Any) -> dict[str, Any]:
               "d_ff": config.d_ff, "vocab": config.vocab, "seq": config.seq,
               "batch": config.batch, "compute_dtype": config.compute_dtype,
               "activation_sharding": (config.activation_sharding.to_json()
-                                      if config.activation_sharding else None)}
+                                      if config.activation_sharding else None),
+              "attention_chunk": config.attention_chunk}
     return {k: values[k] for k in KEYS[model] if values[k] is not None}
 
 

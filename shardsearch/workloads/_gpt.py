@@ -52,6 +52,9 @@ class GPTConfig:
         compute_dtype: "float32" (the default) or "bfloat16": parameters
             stay float32 and are cast inside the step (mixed precision, as
             Megatron-LM trains).
+        attention_chunk: queries per block of memory-bounded attention
+            (`_layers.causal_attention`'s `chunk`); None: the whole score
+            matrix at once.
         activation_sharding: pins the activations' batch dim to mesh axes
             (`_activations.ActivationSharding`); None: XLA decides.
     """
@@ -69,6 +72,7 @@ class GPTConfig:
     abstract_only: bool = False
     compute_dtype: str = "float32"
     activation_sharding: _activations.ActivationSharding | None = None
+    attention_chunk: int | None = None
 
     def __post_init__(self):
         _workload.check_positive(
@@ -144,7 +148,7 @@ def _block(cfg: GPTConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]
     q = (y @ a["wq"]).reshape(b, s, h, dh)
     k = (y @ a["wk"]).reshape(b, s, h, dh)
     v = (y @ a["wv"]).reshape(b, s, h, dh)
-    out = _layers.causal_attention(q, k, v)
+    out = _layers.causal_attention(q, k, v, cfg.attention_chunk)
     if x.dtype != jnp.float32:
         # The softmax runs in float32; its output goes back to the compute dtype.
         out = out.astype(x.dtype)

@@ -43,13 +43,20 @@ def rotary(x: jax.Array, theta: float = 10000.0) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                     chunk: int | None = None) -> jax.Array:
     """Causal softmax attention with grouped KV heads.
 
     Args:
         q: `[B, S, H, Dh]` queries.
         k: `[B, S, KV, Dh]` keys, `H % KV == 0` (KV == H is plain multi-head).
         v: `[B, S, KV, Dh]` values.
+        chunk: None for the whole `[S, S]` score matrix at once; else queries
+            in blocks of `chunk` rows (dividing S), one block's scores at a
+            time and recomputed in the backward pass, so a layer never holds
+            more than `[chunk, S]` scores per head: the memory of the fused
+            (flash) attention MaxText and Megatron-LM train with, the same
+            FLOPs (no block is skipped), without their kernels.
 
     Returns:
         `[B, S, H, Dh]`.
@@ -61,12 +68,29 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     b, s, h, dh = q.shape
     kv = k.shape[2]
     q = q.reshape(b, s, kv, h // kv, dh)
+    if chunk is None or chunk >= s:
+        causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
+        return _attend(q, k, v, causal).reshape(b, s, h, dh)
+    if s % chunk:
+        raise ValueError(f"attention chunk {chunk} does not divide seq {s}; pick a divisor")
+    blocks = q.reshape(b, s // chunk, chunk, kv, h // kv, dh).swapaxes(0, 1)
+    starts = jnp.arange(s // chunk) * chunk
+
+    def block(args: tuple[jax.Array, jax.Array]) -> jax.Array:
+        rows = args[1] + jnp.arange(chunk)[:, None]
+        return _attend(args[0], k, v, rows >= jnp.arange(s)[None, :])
+
+    out = lax.map(jax.checkpoint(block), (blocks, starts))
+    return out.swapaxes(0, 1).reshape(b, s, h, dh)
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, causal: jax.Array) -> jax.Array:
+    """Queries `[B, C, KV, G, Dh]` against every key, where `causal` `[C, S]` allows."""
+    dh = q.shape[-1]
     scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / jnp.sqrt(jnp.float32(dh))
-    causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
     weights = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", weights, v)
-    return out.reshape(b, s, h, dh)
+    return jnp.einsum("bkgqs,bskd->bqkgd", weights, v)
 
 
 def run_layers(block: Callable[[jax.Array, Any], tuple[jax.Array, jax.Array]], x: jax.Array,

@@ -53,6 +53,9 @@ class LlamaConfig:
         compute_dtype: "float32" (the default) or "bfloat16": the parameters
             stay float32 (as do the Adam moments and the update) and are cast
             to this dtype inside the step, as mixed-precision training does.
+        attention_chunk: queries per block of memory-bounded attention
+            (`_layers.causal_attention`'s `chunk`); None: the whole score
+            matrix at once.
         activation_sharding: pins the activations' batch dim to mesh axes
             (`_activations.ActivationSharding`); None: XLA decides.
     """
@@ -73,6 +76,7 @@ class LlamaConfig:
     explicit_head_dim: int | None = None
     compute_dtype: str = "float32"
     activation_sharding: _activations.ActivationSharding | None = None
+    attention_chunk: int | None = None
 
     def __post_init__(self):
         owner = type(self).__name__
@@ -118,7 +122,7 @@ def attention(cfg: LlamaConfig, x: jax.Array, p: dict) -> jax.Array:
         # The rotary tables are float32 and would promote q and k back to it.
         q, k = q.astype(x.dtype), k.astype(x.dtype)
     v = (x @ p["wv"]).reshape(b, s, kv, dh)
-    out = _layers.causal_attention(q, k, v)
+    out = _layers.causal_attention(q, k, v, cfg.attention_chunk)
     if x.dtype != jnp.float32:
         # The softmax runs in float32; its output goes back to the compute dtype.
         out = out.astype(x.dtype)
