@@ -5,9 +5,3 @@ PartitionSpecs and their JSON form), `mesh` (building and finding meshes),
 `analyzer` (checking spec trees and counting bytes per device) and `monitor`
 (the monitored step and the barrier). Nothing here imports another stage.
 """
-
-from .quiet import import_jax as _import_jax
-
-# Every module of ours that imports jax is below this package, so this runs
-# first: see quiet.py.
-_import_jax()
