@@ -271,3 +271,18 @@ def test_pick_winner_takes_the_smallest_of_the_baselines_that_tie():
     assert pick_winner([("dp", lucky, True, 400), ("fsdp", base, True, None)])[0] == "dp"
     # A searched plan that ties is never the one picked for its memory.
     assert pick_winner([("search", lucky, False, 1), ("dp", base, True, 400)])[0] == "dp"
+
+
+def test_a_baseline_slower_in_every_round_does_not_tie_for_its_memory():
+    # Three rounds: the paired test can never call one plan slower, but a plan
+    # slower in every round than the fastest is not the same speed (seen: the
+    # NNX example's 3-round confirmation picked a derived plan 28% behind dp
+    # because it needed less memory).
+    from shardsearch.search.finish import pick_winner
+
+    dp = [12.4, 11.5, 13.2]
+    derived = [15.9, 13.7, 19.3]
+    assert pick_winner([("dp", dp, True, 400), ("logical_megatron", derived, True, 100)])[0] \
+        == "dp"
+    overlapping = [13.0, 11.9, 12.8]
+    assert pick_winner([("dp", dp, True, 400), ("fsdp", overlapping, True, 100)])[0] == "fsdp"

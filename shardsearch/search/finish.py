@@ -143,7 +143,8 @@ def pick_winner(
       lowest of a few noisy medians favours whichever got lucky, and on a tie
       the plan a person already knows is the better answer;
     - when the winner is a baseline, the baselines it is not significantly
-      faster than tie with it, and of those the one with the smallest
+      faster than, and whose medians' 95% intervals overlap its own, tie
+      with it, and of those the one with the smallest
       per-device memory wins (unknown memory counts as largest): the same
       speed with more headroom, and a choice that does not flip between two
       runs with the noise (data parallel against FSDP on a simulated mesh).
@@ -162,11 +163,20 @@ def pick_winner(
             winner[1], base[1], alpha=_confirm.ALPHA / searched):
         winner = base
     if winner[2]:
-        tied = [f for f in order if f[2] and (f is winner or not _confirm.faster_than(
-            winner[1], f[1]))]
+        tied = [f for f in order if f[2] and (f is winner or _ties(winner[1], f[1]))]
         winner = min(tied, key=_footprint)  # stable: the faster on equal memory
     runner_up = next(f for f in order if f is not winner)
     return winner[0], "faster" if _confirm.faster_than(winner[1], runner_up[1]) else "tie"
+
+
+def _ties(fastest: Sequence[float], other: Sequence[float]) -> bool:
+    """Whether `other` may count as the same speed as `fastest`: not
+    significantly slower, and the 95% intervals of their medians overlap.
+    Under 6 rounds the paired test can never say "slower"; the intervals
+    (the whole range, then) still can: a plan slower in every round is
+    slower, whatever memory it saves."""
+    return (not _confirm.faster_than(fastest, other)
+            and _confirm.median_ci(other)[0] <= _confirm.median_ci(fastest)[1])
 
 
 def _footprint(finalist: tuple[Any, ...]) -> float:
