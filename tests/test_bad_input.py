@@ -291,7 +291,8 @@ CLI_CASES = [
     ("start-from-missing", ["optimize", *MLP, "--start-from", "{d}/missing.json"], 2,
      "missing.json': cannot read it"),
     ("start-from-not-a-plan", ["optimize", *MLP, "--start-from", "{d}/list.json"], 2,
-     "list.json: expected a JSON object"),
+     "list.json: a logical_axis_rules list must be a list of [logical_name, mesh_axes_or_null] "
+     "pairs"),
     ("bench-start-from-folder", ["bench", "--suite", "cpu-sim8", "--start-from",
                                  "{d}/nowhere"], 2, "no such folder"),
     # devices

@@ -48,6 +48,12 @@ class UngroupedCollectiveWarning(ShardsearchWarning):
     permute without source-target pairs): it was costed as moving nothing."""
 
 
+class UserNamesConflictWarning(ShardsearchWarning):
+    """The logical names a user gave (Flax's boxed parameters) disagree with the
+    step's dataflow: two names on dims that must be split alike (the axis keeps
+    the first), or names that do not fit their leaf (ignored)."""
+
+
 # A note's kind (its text up to the first ":") -> its warning class.
 KINDS: dict[str, type[ShardsearchWarning]] = {
     "unhandled": UnhandledPrimitiveWarning,
@@ -55,6 +61,7 @@ KINDS: dict[str, type[ShardsearchWarning]] = {
     "unnamed": UnnamedLeafWarning,
     "uncounted": UncountedCostWarning,
     "ungrouped": UngroupedCollectiveWarning,
+    "conflict": UserNamesConflictWarning,
 }
 
 

@@ -18,12 +18,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="resolve specs on this workload (default: the study's, if built in; "
                         "a study run on a factory needs it named here)")
     p.add_argument("--out", required=True, metavar="FILE", help="file to write")
-    p.add_argument("--format", choices=("json", "partition-rules", "logical-axis-rules"),
+    p.add_argument("--format",
+                   choices=("json", "partition-rules", "logical-axis-rules", "flax-rules"),
                    default="json",
                    help="json: the plan file (default); partition-rules: Python source with "
                         "PARTITION_RULES = [(regex, PartitionSpec), ...]; logical-axis-rules: "
                         "JSON with [logical_name, mesh_axes] pairs and each parameter's "
-                        "logical names (a plan of the logical family; load_rule reads it)")
+                        "logical names (a plan of the logical family; load_rule reads it); "
+                        "flax-rules: the same, its rules ordered so that Flax's own "
+                        "nn.logical_to_mesh_axes gives the measured specs (or an error "
+                        "naming the leaves it cannot)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -50,7 +54,7 @@ def run(a: argparse.Namespace) -> int:
         written = write_config(config, a.out, format=a.format)
     except OSError as err:
         raise UsageError(f"cannot write {a.out}: {err.strerror or err}") from None
-    except ValueError as err:  # a plan that is not logical, for logical-axis-rules
+    except ValueError as err:  # not logical, or rules Flax cannot resolve alike
         raise UsageError(str(err)) from None
     print(f"wrote {written} ({a.format}): {config['results']['winner']['label']} "
           f"(trial {config['results']['winner']['trial']}) of study {a.study!r}")

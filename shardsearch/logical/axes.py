@@ -103,14 +103,19 @@ class LogicalAxes:
         axis on two dims), so the result is never silently wrong.
       unhandled: primitives of the step that couple no dims because the
         analysis has no rule for them (their dims stay apart).
+      conflicts: where the user's own logical names (Flax's boxed
+        parameters, `logical.user`) disagree with the dataflow: two names on
+        dims the dataflow couples, or names that do not fit their leaf.
     """
 
     axes: tuple[LogicalAxis, ...]
     arguments: tuple[tuple[LeafAxes, ...], ...]
     merges: tuple[str, ...] = ()
     unhandled: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "conflicts", tuple(self.conflicts))
         object.__setattr__(self, "axes", tuple(self.axes))
         object.__setattr__(self, "arguments", tuple(tuple(a) for a in self.arguments))
         object.__setattr__(self, "merges", tuple(self.merges))
@@ -160,6 +165,7 @@ class LogicalAxes:
                  f"{counts[a.name]} {'leaf' if counts[a.name] == 1 else 'leaves'}"
                  for a in self.axes]
         lines += [f"merge: {m}" for m in self.merges]
+        lines += [f"conflict: {c}" for c in self.conflicts]
         if self.unhandled:
             lines.append(f"unhandled primitives (no coupling rule): "
                          f"{', '.join(self.unhandled)}")
@@ -167,11 +173,13 @@ class LogicalAxes:
 
     def notes(self) -> tuple[str, ...]:
         """What the analysis could not read, as notes (`base.warnings`): one
-        for the unhandled primitives, one per merge.
+        for the unhandled primitives, one per merge, one per conflict with the
+        user's names.
 
         Example: `("unhandled: primitives with no coupling rule: my_op ...",)`.
         """
         out = [note("merged", m) for m in self.merges]
+        out += [note("conflict", c) for c in self.conflicts]
         if self.unhandled:
             out.insert(0, note(
                 "unhandled", f"primitives with no coupling rule: {', '.join(self.unhandled)} "
@@ -180,12 +188,15 @@ class LogicalAxes:
         return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "axes": [a.to_json() for a in self.axes],
             "arguments": [[leaf.to_json() for leaf in arg] for arg in self.arguments],
             "merges": list(self.merges),
             "unhandled": list(self.unhandled),
         }
+        if self.conflicts:  # absent when empty: the form of axes found before it existed
+            out["conflicts"] = list(self.conflicts)
+        return out
 
     @classmethod
     def from_json(cls, data: Any, where: str = "logical axes") -> LogicalAxes:
@@ -202,7 +213,7 @@ class LogicalAxes:
                       for leaf in _list(arg, f"arguments[{i}]"))
                 for i, arg in enumerate(_list(data["arguments"], "arguments")))
             return cls(axes, arguments, tuple(data.get("merges", ())),
-                       tuple(data.get("unhandled", ())))
+                       tuple(data.get("unhandled", ())), tuple(data.get("conflicts", ())))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{where}: malformed logical axes ({err})") from None
 

@@ -21,12 +21,14 @@ from ..base.tree import leaf_shape, path_str
 from .axes import LeafAxes, LogicalAxes, LogicalAxis
 from .graph import DimGraph, Merge, Node
 from .naming import AxisFacts, LeafFacts, name_axes
+from .user import adopt, given_names, user_names
 from .walk import walk
 
 _INDEX = re.compile(r"(?<![^/])\d+(?![^/])")
 
 
-def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any]) -> LogicalAxes:
+def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any],
+                          names: Sequence[Any] | None = None) -> LogicalAxes:
     """Finds which dims of a step's arguments must be split alike, and names them.
 
     The step is traced once (`jax.make_jaxpr`, nothing is compiled) on
@@ -41,7 +43,15 @@ def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any]) -> Logi
       step: a plain (un-jitted) function, called as `step(*args)`.
       args: the step's arguments, the state first and then the batch, as
         arrays or `jax.ShapeDtypeStruct`s; other leaves (strings, Python
-        objects) are held fixed during the trace.
+        objects) are held fixed during the trace. Flax's boxed parameters
+        (`nnx.state(model)` with `nnx.with_partitioning`, Linen's
+        `nn.with_logical_partitioning`) bring their logical names along.
+      names: the user's logical names, per argument a tree like it whose
+        leaves are `PartitionSpec`s or tuples of names (or None), as
+        `nn.get_partition_spec` gives; where given they replace the boxes'.
+        The axes take the user's names (`logical.user.adopt`): the dataflow
+        still decides which dims are coupled, and a disagreement is
+        recorded in `conflicts`.
 
     Returns:
       The `LogicalAxes`: one name per dim of every array leaf (None for
@@ -51,10 +61,12 @@ def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any]) -> Logi
       in `merges`, every reshape whose merged dim hides an axis that some
       argument carries (a flatten of `batch` and `seq`: the merged dim
       carries `batch` only) and every leaf the dataflow gives one axis on
-      two dims; in `unhandled`, the primitives the analysis has no rule for.
+      two dims; in `unhandled`, the primitives the analysis has no rule for;
+      in `conflicts`, where the user's names disagree with the dataflow.
 
     Raises:
       TypeError: `args` is not a tuple or list.
+      ValueError: `names` without one tree per argument, or of another structure.
 
     Example:
       >>> w = get_workload("gpt:tiny")
@@ -102,7 +114,17 @@ def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any]) -> Logi
             ids.append(vid)
         leaf_ids.append(ids)
     walk(g, closed, [vid for ids in leaf_ids for vid in ids if vid is not None])
-    return _assemble(g, per_arg, leaf_ids)
+    return adopt(_assemble(g, per_arg, leaf_ids), _user_names(args, names))
+
+
+def _user_names(args: tuple[Any, ...], names: Sequence[Any] | None) -> list[list[Any]]:
+    if names is None:
+        return [user_names(a) for a in args]
+    if not isinstance(names, tuple | list) or len(names) != len(args):
+        raise ValueError(f"discover_logical_axes: names must give one tree per argument "
+                         f"({len(args)}), got {names!r:.80}")
+    return [user_names(a) if n is None else given_names(a, n)
+            for a, n in zip(args, names, strict=True)]
 
 
 def _abstract(x: Any) -> Any:

@@ -249,8 +249,9 @@ def load_rule(path: str | os.PathLike[str],
               mesh: _mesh.AnyMesh | None = None) -> ShardingRule:
     """The state rule of a plan file, bound to `mesh` (see `load_plan`).
 
-    A `logical-axis-rules` file (`shardsearch export --format
-    logical-axis-rules`) loads too: its `LogicalAxisRule` for the state.
+    A `logical-axis-rules` or `flax-rules` file (`shardsearch export --format
+    ...`) loads too: its `LogicalAxisRule` for the state; so does a bare
+    Flax/MaxText rules list (see `load_rules`).
 
     Example:
       >>> rule = load_rule("plan.json")
@@ -261,10 +262,14 @@ def load_rule(path: str | os.PathLike[str],
 
 def load_rules(path: str | os.PathLike[str],
                mesh: _mesh.AnyMesh | None = None) -> tuple[ShardingRule, ShardingRule]:
-    """The state and batch rules of a plan file or a logical-axis-rules file.
+    """The state and batch rules of a plan file, a logical-axis-rules or
+    flax-rules file, or a MaxText-style `logical_axis_rules` list.
 
     What a search needs to start from a file, whichever form `shardsearch
-    export` wrote it in.
+    export` wrote it in. A bare rules list (`[["embed", "fsdp"], ["mlp",
+    "tp"], ...]`, or an object with that list under `"logical_axis_rules"`)
+    gives a `FlaxBoxRule` (Flax's resolution on the names the state's Flax
+    boxes carry) and a batch rule on its `batch` or `activation_batch` axes.
 
     Raises:
       OSError: the file cannot be read.
@@ -283,14 +288,24 @@ def load_rules(path: str | os.PathLike[str],
 
 def _read_rules(path: str | os.PathLike[str], mesh: _mesh.AnyMesh | None
                 ) -> tuple[ShardingRule, ShardingRule | None]:
-    # Either form `shardsearch export` writes; a logical-axis-rules file may
-    # lack the batch (None), a plan file always has it.
-    from ..rules.logical import FORMAT, rule_from_logical_axis_rules
+    # Any form `shardsearch export` writes; a logical-axis-rules file may lack
+    # the batch (None), a plan file always has it. A bare Flax/MaxText rules
+    # list has no table of leaves: it reads the names the arguments' Flax
+    # boxes carry when applied.
+    from ..rules.logical import (
+        FLAX_FORMAT,
+        FORMAT,
+        rule_from_logical_axis_rules,
+        rules_list_candidate,
+    )
 
     where = str(path)
     data = read_json(path, where, invalid=_INVALID)
-    if isinstance(data, dict) and data.get("format") == FORMAT:
+    if isinstance(data, dict) and data.get("format") in (FORMAT, FLAX_FORMAT):
         return rule_from_logical_axis_rules(data, mesh, where)[:2]
+    if isinstance(data, list) or (isinstance(data, dict) and "logical_axis_rules" in data
+                                  and "schema" not in data):
+        return rules_list_candidate(data, mesh, where)
     plan = ShardingPlan.from_config(data, mesh, where)
     return plan.rule, plan.batch_rule
 

@@ -30,7 +30,7 @@ from ..rules.base import ShardingRule, argument_specs, rule_from_config
 from ..rules.batch import BatchShardingRule
 from .reader import SCHEMA, ShardingPlan, leaf_info, leaves_hash
 
-FORMATS = ("json", "partition-rules", "logical-axis-rules")
+FORMATS = ("json", "partition-rules", "logical-axis-rules", "flax-rules")
 
 
 def plan_config(
@@ -114,11 +114,15 @@ def write_config(config: Mapping[str, Any], path: str | os.PathLike[str],
         `partition_rules_source`), or "logical-axis-rules" (JSON: the logical
         → mesh axes pairs and each parameter's logical names, for a plan whose
         state rule is a `LogicalAxisRule`; see `logical_axis_rules_config`;
-        `load_rule` reads it back).
+        `load_rule` reads it back), or "flax-rules" (the same, with `rules`
+        ordered so that Flax's own `nn.logical_to_mesh_axes` gives every
+        leaf the spec the search measured; see `flax_rules_config`).
 
     Raises:
       ValueError: unknown format, a config that would not load back, or
-        "logical-axis-rules" for a plan whose state rule is not logical.
+        "logical-axis-rules" or "flax-rules" for a plan whose state rule is
+        not logical; for "flax-rules", leaves Flax's resolution cannot give
+        their measured specs (`rules.logical.FlaxRulesMismatch`, naming them).
     """
     if format not in FORMATS:
         raise ValueError(f"write_config: format={format!r}; choose one of {FORMATS}")
@@ -127,6 +131,8 @@ def write_config(config: Mapping[str, Any], path: str | os.PathLike[str],
     ShardingPlan.from_config(config, where=f"plan for {path}")
     if format == "logical-axis-rules":
         text = _dumps(logical_axis_rules_config(config)) + "\n"
+    elif format == "flax-rules":
+        text = _dumps(flax_rules_config(config)) + "\n"
     else:
         text = _dumps(config) + "\n" if format == "json" else partition_rules_source(config)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +142,58 @@ def write_config(config: Mapping[str, Any], path: str | os.PathLike[str],
     return path
 
 
-def logical_axis_rules_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def flax_rules_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A plan's logical rules as Flax `logical_axis_rules` that give its specs.
+
+    `logical_axis_rules_config`'s form with `"format": "flax-rules"` and
+    `rules` ordered (and nulled where no leaf is split) so that Flax's
+    `nn.logical_to_mesh_axes(names, rules)` gives each leaf of the rules'
+    tables, and each leaf the plan recorded (its `workload` specs), the spec
+    the search measured (`rules.logical.flax_pairs`).
+
+    Raises:
+      ValueError: the state rule is not logical; `FlaxRulesMismatch` (a
+        ValueError) naming each leaf no order of the pairs gets right.
+    """
+    from ..rules.logical import FlaxRulesMismatch, flax_resolve, flax_rules_json
+
+    data = logical_axis_rules_config(config, convert=flax_rules_json)
+    resolved = config.get("workload")
+    if resolved:
+        # The recorded specs too: each leaf's names from the table, its spec
+        # through Flax's resolution, against what was measured.
+        names, sizes = config["mesh"]["axis_names"], config["mesh"]["axis_sizes"]
+        mesh = _mesh.abstract_mesh(tuple(sizes), tuple(names))
+        rules = [rule_from_config(config[k], mesh, f"plan {k}")
+                 for k in ("state_rule", "batch_rule")]
+        pairs = [(n, e) for n, e in data["rules"]]
+        pairs = [(n, tuple(e) if isinstance(e, list) else e) for n, e in pairs]
+        differ = []
+        for i, argument in enumerate(resolved["arguments"]):
+            rule = rules[min(i, 1)]
+            if not hasattr(rule, "explain") or rule.kind != "logical":
+                continue
+            # A flat dict keyed by path has leaves at exactly those paths.
+            tree = {leaf["path"]: jax.ShapeDtypeStruct(tuple(leaf["shape"]), "float32")
+                    for leaf in argument if leaf["shape"]}
+            measured = {leaf["path"]: leaf["spec"] for leaf in argument}
+            for why in rule.explain(tree, None if i == 0 else i - 1):
+                if why.names is None:
+                    continue
+                got = flax_resolve(why.names, pairs)
+                want = _spec.canonical(_spec.spec_from_json(measured[why.path], why.path))
+                if got != want:
+                    differ.append(f"argument {i} leaf {why.path!r}: Flax gives {got}, "
+                                  f"measured {want}")
+        if differ:
+            raise FlaxRulesMismatch(
+                f"Flax's resolution of the exported rules differs from the measured specs on "
+                f"{len(differ)} leaves: {'; '.join(differ[:5])}")
+    return data
+
+
+def logical_axis_rules_config(config: Mapping[str, Any],
+                              convert: Any = None) -> dict[str, Any]:
     """A plan's logical rules in the form flax and MaxText users know.
 
     `[logical_name, mesh_axes or null]` pairs plus each parameter's logical
@@ -148,6 +205,7 @@ def logical_axis_rules_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """
     from ..rules.logical import LogicalAxisRule, logical_axis_rules_json
 
+    convert = convert or logical_axis_rules_json
     names, sizes = config["mesh"]["axis_names"], config["mesh"]["axis_sizes"]
     mesh = _mesh.abstract_mesh(tuple(sizes), tuple(names))
     rule = rule_from_config(config["state_rule"], mesh, "plan state_rule")
@@ -157,7 +215,7 @@ def logical_axis_rules_config(config: Mapping[str, Any]) -> dict[str, Any]:
             "logical-axis rules; export a trial of the logical family (--trial N, its "
             "state_rule kind 'logical'), search with space 'logical', or use --format json")
     batch_rule = rule_from_config(config["batch_rule"], mesh, "plan batch_rule")
-    return logical_axis_rules_json(rule, dict(zip(names, sizes, strict=True)), batch_rule)
+    return convert(rule, dict(zip(names, sizes, strict=True)), batch_rule)
 
 
 def _dumps(data: Any, indent: str = "", width: int = 96) -> str:

@@ -20,15 +20,17 @@ import dataclasses
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
+import jax
 from jax.sharding import PartitionSpec as P
 
 from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
-from ..base.warnings import note
+from ..base.warnings import ShardsearchWarning, note
 from ..logical.axes import LeafAxes, LogicalAxes, LogicalAxis
 from .axes import AxisEntry
 from .base import ShardingRule
@@ -194,6 +196,75 @@ class LogicalAxisRule(ShardingRule):
         small.step, small.abstract()))`.
         """
         return LogicalAxisRule(self.mesh, axes, self.assignment)
+
+    def to_flax(self) -> list[tuple[str, AxisEntry | None]]:
+        """The assignment as Flax `logical_axis_rules`, ordered so that Flax's
+        `nn.logical_to_mesh_axes` gives every leaf of the table the spec this
+        rule gives it (`flax_pairs`).
+
+        Example: `[("heads", "tp"), ("mlp", "tp"), ("embed", None)]`.
+
+        Raises:
+          FlaxRulesMismatch: a leaf no order of pairs gets right, named.
+        """
+        return flax_pairs([self])
+
+    @classmethod
+    def from_flax(cls, rules: Sequence[Any], mesh: _mesh.AnyMesh | None, *,
+                  names: Any) -> LogicalAxisRule:
+        """A rule from Flax or MaxText `logical_axis_rules` and the leaves' names.
+
+        Args:
+          rules: `[(logical name, mesh axis | tuple of mesh axes | None), ...]`
+            in Flax's order of precedence (MaxText's `logical_axis_rules`).
+            The first pair of each name is its entry; pairs naming a logical
+            axis no leaf carries are left out.
+          mesh: the mesh; every mesh axis the pairs name must be in it.
+          names: the leaves' logical names: a `LogicalAxes`, or an argument
+            tree whose parameters carry Flax boxes (`nnx.state(model)`, Linen's
+            boxed variables), read by `logical.user.user_names`; an axis's
+            size is then the smallest dim carrying it.
+
+        Returns:
+          The rule. Where its resolution (larger dims first, divisibility
+          checked) gives a leaf another spec than Flax's would, a
+          `FlaxRulesWarning` names the leaves.
+
+        Raises:
+          ValueError: malformed pairs, or a mesh axis the mesh lacks.
+
+        Example: `LogicalAxisRule.from_flax([("embed", "fsdp"), ("mlp", "tp")],
+        mesh, names=nnx.state(model))`.
+        """
+        where = "LogicalAxisRule.from_flax"
+        if isinstance(rules, str | bytes) or not isinstance(rules, Sequence):
+            raise TypeError(f"{where}: rules must be a list of (logical name, mesh axes) "
+                            f"pairs, got {type(rules).__name__}")
+        pairs: list[tuple[str, AxisEntry | None]] = []
+        for i, item in enumerate(rules):
+            if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(
+                    item[0], str):
+                raise TypeError(f"{where}: rules[{i}] = {item!r} is not a (logical name, "
+                                "mesh axes) pair")
+            pairs.append((item[0], normalise_entry(item[1], f"{where}: rules[{i}]")))
+        if mesh is not None:
+            sizes = _mesh.axis_sizes(_mesh.resolve_mesh(mesh))
+            unknown = [(n, a) for n, e in pairs for a in _spec.entry_axes(e) if a not in sizes]
+            if unknown:
+                raise ValueError(
+                    f"{where}: logical axis {unknown[0][0]!r} is mapped to mesh axis "
+                    f"{unknown[0][1]!r}, which is not in the mesh {tuple(sizes)}; map it to "
+                    "null or use a mesh that has that axis")
+        axes = names if isinstance(names, LogicalAxes) else _boxed_axes(names)
+        known = {a.name for a in axes.axes}
+        first: dict[str, AxisEntry | None] = {}
+        for n, e in pairs:
+            if n in known:
+                first.setdefault(n, e)
+        rule = cls(mesh, axes, [(n, e) for n, e in first.items() if e is not None])
+        if mesh is not None:
+            _warn_flax_differences(rule, pairs)
+        return rule
 
     def apply(self, pytree: Any) -> Any:
         table = self._table()
@@ -394,6 +465,61 @@ class _Table:
                                tuple(notes))
 
 
+def _boxed_axes(tree: Any) -> LogicalAxes:
+    """The logical axes the Flax boxes of one argument tree give (`logical.user`)."""
+    from ..logical.user import user_names
+
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    names = user_names(tree)
+    sizes: dict[str, int] = {}
+    leaves = []
+    for (path, leaf), given in zip(flat, names, strict=True):
+        shape = _tree.leaf_shape(leaf)
+        if shape is None:
+            leaves.append(LeafAxes(_tree.path_str(path), None, ()))
+            continue
+        given = given if given is not None and len(given) == len(shape) else (None,) * len(
+            shape)
+        for n, d in zip(given, shape, strict=True):
+            if n is not None:
+                sizes[n] = min(sizes.get(n, d), d)
+        leaves.append(LeafAxes(_tree.path_str(path), shape, given))
+    if not sizes:
+        raise ValueError("LogicalAxisRule.from_flax: names= has no leaf with Flax logical "
+                         "names (nn.with_logical_partitioning, nnx.with_partitioning); give "
+                         "a LogicalAxes or the boxed state")
+    return LogicalAxes(tuple(LogicalAxis(n, s) for n, s in sizes.items()), (tuple(leaves),))
+
+
+class FlaxRulesWarning(ShardsearchWarning):
+    """Flax's resolution of `logical_axis_rules` (by the pairs' order, without a
+    divisibility check, with fallback pairs) gives some leaves other specs than
+    the `LogicalAxisRule` built from them."""
+
+
+def _warn_flax_differences(rule: LogicalAxisRule,
+                           pairs: Sequence[tuple[str, AxisEntry | None]]) -> None:
+    table = rule._table()
+    differ = []
+    for argument in rule.axes.arguments:
+        for leaf in argument:
+            if not leaf.shape:
+                continue
+            ours = table.spec(leaf.path, jax.ShapeDtypeStruct(leaf.shape, "float32")).spec
+            try:
+                theirs = flax_resolve(leaf.names, pairs)
+            except ValueError as err:
+                differ.append(f"{leaf.path}: {err}")
+                continue
+            if theirs != _spec.canonical(ours):
+                differ.append(f"{leaf.path}: Flax {theirs}, this rule {_spec.canonical(ours)}")
+    if differ:
+        more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
+        warnings.warn(FlaxRulesWarning(
+            f"LogicalAxisRule.from_flax: on {len(differ)} leaves the rule gives other specs "
+            f"than Flax would: {'; '.join(differ[:3])}{more}"), stacklevel=3)
+
+
 def _entry_text(entry: AxisEntry) -> str:
     return repr(entry) if isinstance(entry, str) else repr(tuple(entry))
 
@@ -465,8 +591,9 @@ def rule_from_logical_axis_rules(
     """
     fix = f"write it again with `shardsearch export --format {FORMAT}`"
     try:
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"expected an object with \"format\": {FORMAT!r}")
+        if not isinstance(data, dict) or data.get("format") not in (FORMAT, FLAX_FORMAT):
+            raise ValueError(f"expected an object with \"format\": {FORMAT!r} or "
+                             f"{FLAX_FORMAT!r}")
         version = data.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
             raise ValueError(f"version {version!r} is not one this shardsearch reads "
@@ -517,3 +644,273 @@ def _rule(axes: Sequence[list[Any]], arguments: Sequence[Any],
     config = {"kind": LogicalAxisRule.kind, "axes": mine, "arguments": list(arguments),
               "assignment": [[n, e] for n, e in rules if e is not None and n in used]}
     return LogicalAxisRule.from_config(config, mesh, "logical-axis-rules")
+
+
+# --------------------------------------------------------------------------- Flax's rules
+
+FLAX_FORMAT = "flax-rules"
+
+
+class FlaxRulesMismatch(ValueError):
+    """No order of `(logical name, mesh axes)` pairs makes Flax's resolution
+    give a leaf the spec the rule gives it; the message names the leaves."""
+
+
+def flax_resolve(names: Sequence[str | None], pairs: Sequence[tuple[str, Any]]) -> P:
+    """The spec Flax's `nn.logical_to_mesh_axes(names, pairs)` gives, without Flax.
+
+    The pairs are in order of precedence: each assigns its mesh axes to the
+    first dim carrying its logical name when that dim is still unassigned and
+    none of those mesh axes is used yet. Nothing checks divisibility.
+
+    Example: `flax_resolve(("embed", "mlp"), [("mlp", "tp"), ("embed", "tp")])`
+    → `P(None, 'tp')`; with the pairs the other way round, `P('tp')`.
+
+    Raises:
+      ValueError: a name on two dims (Flax refuses it too).
+    """
+    twice = [n for i, n in enumerate(names) if n is not None and n in names[:i]]
+    if twice:
+        raise ValueError(f"logical name {twice[0]!r} is on two dims of {tuple(names)}; Flax "
+                         "refuses that")
+    unassigned = object()
+    result: list[Any] = [unassigned if isinstance(n, str) else None for n in names]
+    for name, entry in pairs:
+        if name not in names:
+            continue
+        pos = list(names).index(name)
+        wanted = set(_spec.entry_axes(entry)) if entry is not None else set()
+        used = {a for r in result if r is not unassigned and r is not None
+                for a in _spec.entry_axes(r)}
+        if not wanted & used and result[pos] is unassigned:
+            result[pos] = entry
+    return _spec.canonical(P(*[None if r is unassigned else r for r in result]))
+
+
+def flax_pairs(rules: Sequence[LogicalAxisRule]) -> list[tuple[str, AxisEntry | None]]:
+    """The rules' assignment as Flax `logical_axis_rules` that give the same specs.
+
+    Our rule visits a leaf's larger dims first and leaves unsharded a dim whose
+    mesh axes do not divide it; Flax resolves by the order of the pairs and
+    checks nothing. So the pairs are ordered to agree on every leaf of the
+    rules' tables (a name whose mesh axes a larger dim took comes after that
+    dim's name), and a name no leaf is sharded on gets null. Every leaf is then
+    checked through `flax_resolve`.
+
+    Args:
+      rules: `LogicalAxisRule`s sharing one assignment (the state's and the
+        batch's of one plan).
+
+    Returns:
+      `[(logical name, mesh axes or None), ...]` in the order to give Flax.
+
+    Raises:
+      FlaxRulesMismatch: a leaf no order of pairs gives its spec (a name on
+        two of its dims, a dim left unsharded for divisibility where Flax
+        would shard it, contradictory orders); every such leaf is named.
+
+    Example: `wq (embed 64, heads 256)` and `w1 (mlp 512, embed 64)` with
+    embed and heads and mlp all on `"x"`: our rule puts `x` on the larger dim of
+    each leaf, so the pairs come out `[heads, mlp, embed]` (both before embed).
+    """
+    mapping: dict[str, AxisEntry] = {}
+    order: list[str] = []
+    leaves: list[tuple[str, LeafAxes, P]] = []
+    for rule in rules:
+        for name, entry in rule.assignment:
+            if mapping.setdefault(name, entry) != entry:
+                raise FlaxRulesMismatch(
+                    f"logical axis {name!r} is on {entry!r} in one rule and "
+                    f"{mapping[name]!r} in another; Flax's rules give one entry per name")
+        order += [a.name for a in rule.axes.axes if a.name not in order]
+        table = rule._table()
+        for a, argument in enumerate(rule.axes.arguments):
+            for leaf in argument:
+                if leaf.shape:
+                    struct = jax.ShapeDtypeStruct(leaf.shape, "float32")
+                    where = f"{rule.kind} argument {a} leaf {leaf.path!r}"
+                    leaves.append((where, leaf, table.spec(leaf.path, struct).spec))
+    sharded: dict[str, None] = {}
+    before: dict[str, dict[str, None]] = {n: {} for n in order}  # name -> names that precede
+    problems: list[str] = []
+    for _where, leaf, spec in leaves:
+        entries = list(spec) + [None] * (len(leaf.names) - len(spec))
+        for name, got in zip(leaf.names, entries, strict=True):
+            if got is not None and name is not None:
+                sharded[name] = None
+            if got is not None or name is None or name not in mapping:
+                continue
+            # Assigned but unsharded here: some sharded dim of this leaf must
+            # have taken one of its mesh axes first.
+            wanted = set(_spec.entry_axes(mapping[name]))
+            blockers = [leaf.names[e] for e, other in enumerate(entries)
+                        if other is not None and wanted & set(_spec.entry_axes(other))]
+            for blocker in blockers:
+                if blocker is not None:
+                    before[name][blocker] = None
+    pairs_order = _precedence(order, before)
+    pairs: list[tuple[str, AxisEntry | None]] = [
+        (n, mapping[n] if n in sharded else None) for n in pairs_order if n in mapping]
+    pairs += [(n, None) for n in order if n not in mapping]
+    for where, leaf, spec in leaves:
+        try:
+            got = flax_resolve(leaf.names, pairs)
+        except ValueError as err:
+            problems.append(f"{where}: {err}")
+            continue
+        if got != _spec.canonical(spec):
+            problems.append(f"{where}: Flax gives {got}, the rule {_spec.canonical(spec)}")
+    if problems:
+        shown = "; ".join(dict.fromkeys(problems[:5]))
+        more = f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise FlaxRulesMismatch(
+            f"Flax's logical_axis_rules cannot give the specs the search measured on "
+            f"{len(problems)} leaves: {shown}{more}; use --format logical-axis-rules (read "
+            "with shardsearch.load_rule) or the plan file for these")
+    return pairs
+
+
+def _precedence(order: Sequence[str], before: Mapping[str, Mapping[str, None]]) -> list[str]:
+    """`order` sorted so that every name comes after the names in `before[name]`,
+    otherwise keeping `order`; a cycle keeps its names in `order` (the check
+    after it names the leaves that then differ)."""
+    out: list[str] = []
+    left = list(order)
+    while left:
+        ready = next((n for n in left if all(b in out or b not in left
+                                             for b in before.get(n, {}))), left[0])
+        out.append(ready)
+        left.remove(ready)
+    return out
+
+
+def flax_rules_json(
+    rule: LogicalAxisRule, mesh_axes: Mapping[str, int], batch_rule: ShardingRule | None = None,
+) -> dict[str, Any]:
+    """The `flax-rules` file: `logical_axis_rules_json` whose `rules` give, through
+    Flax's own `nn.logical_to_mesh_axes` (or `nnx.logical_to_mesh_axes`), the
+    very specs the rule gives every leaf of its table (`flax_pairs`).
+
+    Example: `{"format": "flax-rules", "version": 1, "rules": [["heads", "tp"],
+    ["embed", null], ...], "params": [[path, shape, names], ...], ...}`; a
+    Flax user passes `rules` to `nn.logical_axis_rules(...)` or
+    `nn.logical_to_mesh_sharding(specs, mesh, rules)`.
+
+    Raises:
+      FlaxRulesMismatch: see `flax_pairs`.
+    """
+    rules = [rule] + ([batch_rule] if isinstance(batch_rule, LogicalAxisRule) else [])
+    pairs = flax_pairs(rules)
+    out = logical_axis_rules_json(rule, mesh_axes, batch_rule)
+    out["format"] = FLAX_FORMAT
+    out["rules"] = [[n, entry_to_json(e)] for n, e in pairs]
+    return out
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class FlaxBoxRule(ShardingRule):
+    """Flax's `logical_axis_rules` on the logical names the arguments carry.
+
+    A MaxText-style rules list alone (no table of leaves) as a rule: each leaf
+    inside a Flax box (`nnx.Param` with `sharding`, Linen's
+    `LogicallyPartitioned`) gets `flax_resolve(its names, pairs)`, exactly as
+    Flax would shard it; any other leaf stays replicated (`FALLBACK`, an
+    `unnamed` note). What `--start-from` makes of a bare rules list.
+
+    Example: `FlaxBoxRule(mesh, [("embed", "fsdp"), ("mlp", "tp")])` on
+    `nnx.state(model)` gives a kernel boxed `("embed", "mlp")` `P('fsdp', 'tp')`.
+
+    Args:
+      mesh: the mesh the pairs' axes are checked against (None: not checked).
+      pairs: `(logical name, mesh axes or None)` in order of precedence.
+    """
+
+    mesh: _mesh.AnyMesh | None
+    pairs: tuple[tuple[str, AxisEntry | None], ...]
+    kind: ClassVar[str] = "flax-boxes"
+
+    def __init__(self, mesh: _mesh.AnyMesh | None, pairs: Iterable[Any]) -> None:
+        where = "FlaxBoxRule"
+        checked = []
+        for i, item in enumerate(pairs):
+            if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(
+                    item[0], str):
+                raise TypeError(f"{where}: pairs[{i}] = {item!r} is not a (logical name, "
+                                "mesh axes) pair")
+            checked.append((item[0], normalise_entry(item[1], f"{where}: pairs[{i}]")))
+        if mesh is not None:
+            sizes = _mesh.axis_sizes(_mesh.resolve_mesh(mesh))
+            unknown = [(n, a) for n, e in checked for a in _spec.entry_axes(e)
+                       if a not in sizes]
+            if unknown:
+                raise ValueError(
+                    f"{where}: logical axis {unknown[0][0]!r} is mapped to mesh axis "
+                    f"{unknown[0][1]!r}, which is not in the mesh {tuple(sizes)}; map it to "
+                    "null or use a mesh that has that axis")
+        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "pairs", tuple(checked))
+
+    def apply(self, pytree: Any) -> Any:
+        from ..logical.user import box_names, is_box
+
+        def one(node: Any) -> Any:
+            names = box_names(node)
+            if names is None:
+                return P()
+            return jax.tree.map(
+                lambda leaf: flax_resolve(names, self.pairs)
+                if len(_tree.leaf_shape(leaf) or ()) == len(names) else P(), node)
+
+        return jax.tree.map(one, pytree, is_leaf=is_box)
+
+    def notes(self, pytree: Any, index: int | None = None) -> tuple[str, ...]:
+        from ..logical.user import user_names
+
+        flat = jax.tree_util.tree_flatten_with_path(pytree)[0]
+        unknown = [_tree.path_str(p) or "(the argument itself)"
+                   for (p, leaf), names in zip(flat, user_names(pytree), strict=True)
+                   if names is None and _tree.leaf_shape(leaf)]
+        if not unknown:
+            return ()
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more"
+                                          if len(unknown) > 5 else "")
+        return (note("unnamed", f"leaves in no Flax box with logical names, left "
+                                f"replicated: {shown}"),)
+
+    def to_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "pairs": [[n, entry_to_json(e)] for n, e in self.pairs]}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], mesh: _mesh.AnyMesh | None,
+                    where: str) -> FlaxBoxRule:
+        pairs = config["pairs"]
+        if not isinstance(pairs, list):
+            raise TypeError(f"pairs must be a list of [name, mesh axes] pairs, got {pairs!r}")
+        return cls(mesh, [tuple(p) for p in pairs])
+
+
+def rules_list_candidate(data: Any, mesh: _mesh.AnyMesh | None, where: str
+                         ) -> tuple[FlaxBoxRule, ShardingRule]:
+    """A MaxText-style `logical_axis_rules` list (or `{"logical_axis_rules": [...]}`)
+    as `(state rule, batch rule)`: `FlaxBoxRule` for the state; for the batch a
+    `BatchShardingRule` on the mesh axes of the first pair named `batch` or
+    `activation_batch` (replicated without one).
+
+    Raises:
+      ValueError: naming `where`: not a list of pairs, or a mesh axis the mesh lacks.
+    """
+    from .batch import BatchShardingRule
+
+    if isinstance(data, dict) and "logical_axis_rules" in data:
+        data = data["logical_axis_rules"]
+    if data == []:
+        raise ValueError(f"{where}: the logical_axis_rules list holds no pairs; give "
+                         "[logical_name, mesh_axes_or_null] pairs, or a plan file")
+    try:
+        pairs = _pairs(data, "a logical_axis_rules list")
+        state = FlaxBoxRule(mesh, pairs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from None
+    batch = next((e for n, e in state.pairs if n in ("batch", "activation_batch")), None)
+    axes = () if batch is None else (batch,) if isinstance(batch, str) else tuple(batch)
+    return state, BatchShardingRule(axes)
