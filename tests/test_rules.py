@@ -867,3 +867,50 @@ def test_parse_bytes(text, expected):
 def test_parse_bytes_errors(value, match):
     with pytest.raises(ValueError, match=match):
         parse_bytes(value)
+
+
+def test_the_optimizer_state_rule_splits_moments_over_the_data_axes():
+    from shardsearch.rules import OptimizerStateRule, rule_from_config
+
+    mesh = ss.create_mesh((4, 2), ("dp", "tp"))
+    state = {"params": {"w": jax.ShapeDtypeStruct((1024, 512), "float32"),
+                        "b": jax.ShapeDtypeStruct((6,), "float32")},
+             "opt": {"mu": {"w": jax.ShapeDtypeStruct((1024, 512), "float32"),
+                            "b": jax.ShapeDtypeStruct((6,), "float32")},
+                     "step": jax.ShapeDtypeStruct((), "int32")}}
+    inner = ss.PathShardingRule([(r"w$", P(None, "tp"))], fallback="replicate", mesh=mesh)
+    rule = OptimizerStateRule(inner, ("dp",), mesh=mesh)
+    specs = rule.apply(state)
+    assert specs["params"]["w"] == P(None, "tp")            # the parameter as the inner rule
+    assert specs["opt"]["mu"]["w"] == P("dp", "tp")          # its moment also over dp
+    assert specs["opt"]["mu"]["b"] == P()                    # 6 is not divisible by 4
+    assert specs["opt"]["step"] == P()
+    # A dim already holding an axis takes the new ones beside it when they divide.
+    wide = OptimizerStateRule(ss.PathShardingRule([(r"w$", P("tp"))], mesh=mesh), ("dp",),
+                              mesh=mesh)
+    assert wide.apply(state)["opt"]["mu"]["w"] == P(("tp", "dp"))
+    back = rule_from_config(rule.to_config(), mesh, "test")
+    assert back.apply(state) == specs
+    with pytest.raises(ValueError, match=r"axes \['pp'\] are not mesh axes"):
+        OptimizerStateRule(inner, ("pp",), mesh=mesh).apply(state)
+
+
+def test_megatron_with_a_distributed_optimizer_is_built_by_name():
+    from shardsearch.workloads import expert_plan, expert_plans, get_workload
+
+    mesh = ss.create_mesh((4, 2), ("dp", "tp"))
+    workload = get_workload("gpt:tiny")
+    plan = expert_plan(workload, mesh, "megatron_do")
+    state = workload.abstract()[0]
+    megatron = expert_plan(workload, mesh, "megatron").state_rule.apply(state)
+    zero = plan.state_rule.apply(state)
+    flat = dict(jax.tree_util.tree_flatten_with_path(zero)[0])
+    for path, spec in jax.tree_util.tree_flatten_with_path(megatron)[0]:
+        name = jax.tree_util.keystr(path)
+        if "'opt'" in name and "'mu'" in name and spec != flat[path]:
+            assert "dp" in str(flat[path])
+        elif "'params'" in name:
+            assert flat[path] == spec
+    assert any("dp" in str(s) for p, s in flat.items() if "'mu'" in jax.tree_util.keystr(p))
+    # Not among the baselines every search runs.
+    assert "megatron_do" not in expert_plans(workload, mesh).plans

@@ -14,6 +14,8 @@ One module per concept:
   patterns   `ShapeBasedShardingRule` ("shape"), `PathShardingRule` ("path")
   batch      `BatchShardingRule` ("batch")
   logical    `LogicalAxisRule` ("logical"): logical axes onto mesh axes
+  optimizer  `OptimizerStateRule` ("optimizer-state"): the optimizer state
+             also split over data axes (ZeRO-1, a distributed optimizer)
   explain    `explain_rule`: why each leaf got its spec, for any rule
 
 A new kind is a `ShardingRule` subclass with a `kind` and a `from_config`;
@@ -37,6 +39,7 @@ from .patterns import PathShardingRule as PathShardingRule
 from .patterns import ShapeBasedShardingRule as ShapeBasedShardingRule
 from .batch import BatchShardingRule as BatchShardingRule
 from .logical import LogicalAxisRule as LogicalAxisRule
+from .optimizer import OptimizerStateRule as OptimizerStateRule
 # isort: on
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "CompositeShardingRule",
     "LogicalAxisRule",
     "MemoryConstrainedShardingRule",
+    "OptimizerStateRule",
     "PathShardingRule",
     "ShapeBasedShardingRule",
     "ShardingRule",

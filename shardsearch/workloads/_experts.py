@@ -43,6 +43,7 @@ from ..base import tree as _tree
 from ..base.analyzer import ShardingAnalyzer
 from ..rules.auto import AutoShardingRule
 from ..rules.composite import CompositeShardingRule
+from ..rules.optimizer import OptimizerStateRule
 from ..rules.patterns import PathShardingRule
 from ._plans import ROLES, ExpertPlans, MeshRoles, Plan, PlanNotApplicable
 from ._workload import Workload
@@ -228,6 +229,14 @@ def _ep(ctx: _Context) -> Plan:
                 f"batch on {batch}")
 
 
+def _megatron_do(ctx: _Context) -> Plan:
+    plan = _megatron(ctx)
+    data = ctx.ordered("data", "fsdp", "expert")
+    return Plan("megatron_do", OptimizerStateRule(plan.state_rule, data, mesh=ctx.mesh),
+                plan.batch_spec, f"{plan.description}; Adam moments also split over {data} "
+                "(Megatron-LM's distributed optimizer, ZeRO-1)")
+
+
 _BUILDERS: dict[str, Callable[[_Context], Plan]] = {
     "replicated": _replicated,
     "dp": _dp,
@@ -237,6 +246,9 @@ _BUILDERS: dict[str, Callable[[_Context], Plan]] = {
     "ep": _ep,
 }
 PLAN_NAMES = tuple(_BUILDERS)
+# Plans built only when asked for by name (`expert_plan`): the published
+# Megatron-LM runs' sharding. Not among the baselines every search runs.
+_NAMED_ONLY: dict[str, Callable[[_Context], Plan]] = {"megatron_do": _megatron_do}
 
 
 def _context(workload: Workload, mesh: Any, roles: MeshRoles | None) -> _Context:
@@ -280,7 +292,9 @@ def expert_plan(workload: Workload, mesh: Any, name: str, roles: MeshRoles | Non
     Args:
         workload: the workload to shard.
         mesh: a Mesh or AbstractMesh (None: the in-context mesh).
-        name: one of `PLAN_NAMES`.
+        name: one of `PLAN_NAMES`, or "megatron_do" (megatron with the Adam
+            moments also split over the data axes: Megatron-LM's distributed
+            optimizer), built only by name.
         roles: axis roles; default `MeshRoles.from_mesh(mesh)`.
 
     Returns:
@@ -290,14 +304,15 @@ def expert_plan(workload: Workload, mesh: Any, name: str, roles: MeshRoles | Non
         PlanNotApplicable: the plan cannot apply here; the message says why.
         ValueError: unknown plan name, or roles naming axes the mesh lacks.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown expert plan {name!r}; plans are {PLAN_NAMES}")
+    if name not in _BUILDERS and name not in _NAMED_ONLY:
+        raise ValueError(f"unknown expert plan {name!r}; plans are "
+                         f"{PLAN_NAMES + tuple(_NAMED_ONLY)}")
     ctx = _context(workload, mesh, roles)
     return _build(ctx, name)
 
 
 def _build(ctx: _Context, name: str) -> Plan:
-    plan = _BUILDERS[name](ctx)
+    plan = {**_BUILDERS, **_NAMED_ONLY}[name](ctx)
     # The dims the plans know about are checked by name above; this catches
     # the rest (and every dim of a user workload) before a bad plan leaves.
     try:
