@@ -572,3 +572,23 @@ def test_the_scripts_checker_finds_private_uses():
     ]
     for source in public:
         assert _private_uses(source, "x.py") == [], source
+
+
+def test_a_target_suite_compiles_every_entry_for_its_chip(tmp_path):
+    if importlib.util.find_spec("libtpu") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("libtpu is missing: .ci/run installs the tpu extra")
+        pytest.skip("the tpu extra is not installed: pip install -e '.[tpu]'")
+    entry = {"id": "chip", "workload": "mlp", "size": "tiny", "mesh": "dp=2,tp=2", "trials": 3,
+             "objective": "static", "hardware": "tpu-v5e"}
+    path = _suite(tmp_path, [entry], target=True)
+    argv = ["bench", "--suite", str(path), "--out", str(tmp_path / "out"), "--rules",
+            str(tmp_path / "rules"), "--quiet"]
+    assert _cli.main(argv) == 0
+    record = json.loads((tmp_path / "out" / "tiny" / "entries" / "chip.json").read_text())
+    assert record["target"]["chip"] == "tpu-v5e" and record["target"]["topology"] == "2x2"
+    plan = json.loads((tmp_path / "rules" / "tiny" / "chip.json").read_text())
+    assert plan["hardware"]["target"]["platform"] == "tpu"
+    measured = {**entry, "objective": "measured"}
+    with pytest.raises(ValueError, match="a target suite compiles for the entry's chip"):
+        load_suite(str(_suite(tmp_path, [measured], target=True)))
