@@ -483,3 +483,20 @@ def test_a_custom_shape_takes_an_attention_chunk_that_divides_seq():
     assert "attention_chunk" not in without.name
     with pytest.raises(ValueError, match="attention_chunk=12 does not divide seq=32"):
         wl.get_workload("llama:custom", **{**shape, "attention_chunk": 12})
+
+
+def test_a_custom_shape_takes_a_remat_policy():
+    shape = {"layers": 2, "d_model": 64, "heads": 4, "d_ff": 128, "vocab": 256, "seq": 32,
+             "batch": 8}
+    full = wl.get_workload("gpt:custom", **shape)
+    assert wl.get_workload("gpt:custom", **shape, remat="full").name == full.name
+    selective = wl.get_workload("gpt:custom", **shape, remat="selective")
+    assert '"remat":"selective"' in selective.name
+    assert wl.get_workload(selective.name).name == selective.name
+    with pytest.raises(ValueError, match="remat='some'; choose one of"):
+        wl.get_workload("gpt:custom", **shape, remat="some")
+    # Selective recompute keeps the projections' outputs: the step saves more
+    # for the backward pass than full remat, which keeps only each block's input.
+    def temporaries(w):
+        return jax.jit(w.step).lower(*w.abstract()).compile().memory_analysis().temp_size_in_bytes
+    assert temporaries(selective) > temporaries(full)

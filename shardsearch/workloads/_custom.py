@@ -25,9 +25,11 @@ Keys (all sizes positive ints):
            attention_chunk (queries per block of memory-bounded attention,
            dividing seq: the memory of the fused attention the published
            runs used, `_layers.causal_attention`; default the whole
-           score matrix)
+           score matrix), remat ("full", the default: a block keeps only
+           its input; "selective": also its projections' outputs, as
+           Megatron-LM's selective recompute; `_layers.REMAT_POLICIES`)
     gpt:   layers, d_model, heads, d_ff, vocab, seq, batch (required);
-           compute_dtype, activation_sharding, attention_chunk
+           compute_dtype, activation_sharding, attention_chunk, remat
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 from ..base.jsonfile import read_json
 from . import _gpt, _llama
 from ._activations import ActivationSharding
+from ._layers import REMAT_POLICIES
 from ._precision import COMPUTE_DTYPES
 from ._workload import Workload
 
@@ -49,11 +52,11 @@ _REQUIRED = ("layers", "d_model", "heads", "d_ff", "vocab", "seq", "batch")
 # model -> every key, in the order the canonical name spells them.
 KEYS: dict[str, tuple[str, ...]] = {
     "llama": ("layers", "d_model", "heads", "kv_heads", "head_dim", "d_ff", "vocab", "seq",
-              "batch", "compute_dtype", "activation_sharding", "attention_chunk"),
+              "batch", "compute_dtype", "activation_sharding", "attention_chunk", "remat"),
     "gpt": ("layers", "d_model", "heads", "d_ff", "vocab", "seq", "batch", "compute_dtype",
-            "activation_sharding", "attention_chunk"),
+            "activation_sharding", "attention_chunk", "remat"),
 }
-_NOT_SIZES = ("compute_dtype", "activation_sharding")
+_NOT_SIZES = ("compute_dtype", "activation_sharding", "remat")
 
 
 def custom_workload(model: str, spec: Mapping[str, Any], where: str = "") -> Workload:
@@ -102,6 +105,9 @@ def custom_workload(model: str, spec: Mapping[str, Any], where: str = "") -> Wor
     if bad:
         raise ValueError(f"{at}{model}:{CUSTOM} sizes must be positive ints, got "
                          f"{', '.join(bad)}")
+    if spec.get("remat", "full") not in REMAT_POLICIES:
+        raise ValueError(f"{at}{model}:{CUSTOM} remat={spec['remat']!r}; choose one of "
+                         f"{tuple(REMAT_POLICIES)}")
     dtype = spec.get("compute_dtype", "float32")
     if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"{at}{model}:{CUSTOM} compute_dtype={dtype!r}; choose one of "
@@ -147,7 +153,9 @@ def _config(model: str, spec: Mapping[str, Any], dtype: str,
     common = {"batch": spec["batch"], "seq": spec["seq"], "vocab": spec["vocab"],
               "d_model": spec["d_model"], "n_layers": spec["layers"],
               "n_heads": spec["heads"], "d_ff": spec["d_ff"], "stacked": True,
-              "remat": True, "abstract_only": True, "compute_dtype": dtype,
+              # "full" is the default, spelled True: one name for one workload.
+              "remat": True if spec.get("remat", "full") == "full" else spec["remat"],
+              "abstract_only": True, "compute_dtype": dtype,
               "activation_sharding": activations,
               "attention_chunk": spec.get("attention_chunk")}
     if model == "gpt":
@@ -166,7 +174,9 @@ def _resolved(model: str, config: Any) -> dict[str, Any]:
               "batch": config.batch, "compute_dtype": config.compute_dtype,
               "activation_sharding": (config.activation_sharding.to_json()
                                       if config.activation_sharding else None),
-              "attention_chunk": config.attention_chunk}
+              "attention_chunk": config.attention_chunk,
+              # The default (full) stays out of the name, as it always was.
+              "remat": None if config.remat is True else config.remat}
     return {k: values[k] for k in KEYS[model] if values[k] is not None}
 
 

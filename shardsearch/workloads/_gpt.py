@@ -46,7 +46,8 @@ class GPTConfig:
         n_heads: attention heads.
         d_ff: MLP hidden width.
         stacked: stack the layers under `lax.scan`.
-        remat: recompute blocks in the backward pass.
+        remat: recompute blocks in the backward pass (True or "full"; "selective"
+            keeps the projections' outputs, `_layers.REMAT_POLICIES`).
         learning_rate: Adam step size.
         abstract_only: refuse `init()` (real-size presets).
         compute_dtype: "float32" (the default) or "bfloat16": parameters
@@ -67,7 +68,7 @@ class GPTConfig:
     n_heads: int
     d_ff: int
     stacked: bool = False
-    remat: bool = False
+    remat: bool | str = False
     learning_rate: float = 1e-3
     abstract_only: bool = False
     compute_dtype: str = "float32"

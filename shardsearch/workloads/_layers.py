@@ -93,8 +93,18 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, causal: jax.Array) -> jax.
     return jnp.einsum("bkgqs,bskd->bqkgd", weights, v)
 
 
+# What a rematerialised block keeps for the backward pass (`run_layers`):
+#   "full": only its input, everything else recomputed (MaxText's
+#       remat_policy=full);
+#   "selective": also the outputs of matmuls without batch dims (the
+#       projections and MLP), recomputing the attention products and the
+#       elementwise ops (Megatron-LM's selective activation recompute).
+REMAT_POLICIES = {"full": None,
+                  "selective": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
 def run_layers(block: Callable[[jax.Array, Any], tuple[jax.Array, jax.Array]], x: jax.Array,
-               layers: Any, *, stacked: bool, remat: bool) -> tuple[jax.Array, jax.Array]:
+               layers: Any, *, stacked: bool, remat: bool | str) -> tuple[jax.Array, jax.Array]:
     """Applies `block` once per layer, unrolled or under `lax.scan`.
 
     Args:
@@ -106,12 +116,15 @@ def run_layers(block: Callable[[jax.Array, Any], tuple[jax.Array, jax.Array]], x
         stacked: which of the two layouts `layers` has.
         remat: recompute each block in the backward pass instead of saving
             its activations (the big presets, where saved activations of
-            every layer would dominate the memory a plan is judged on).
+            every layer would dominate the memory a plan is judged on): True
+            or "full", "selective" (`REMAT_POLICIES`), or False.
 
     Returns:
         `(x, aux summed over layers)`.
     """
-    fn = jax.checkpoint(block) if remat else block
+    if remat is True:
+        remat = "full"
+    fn = jax.checkpoint(block, policy=REMAT_POLICIES[remat]) if remat else block
     if stacked:
         x, aux = lax.scan(fn, x, layers)
         return x, jnp.sum(aux)

@@ -44,7 +44,8 @@ class LlamaConfig:
         d_ff: SwiGLU hidden width.
         rope_theta: rotary base.
         stacked: stack the layers under `lax.scan`.
-        remat: recompute blocks in the backward pass.
+        remat: recompute blocks in the backward pass (True or "full"; "selective"
+            keeps the projections' outputs, `_layers.REMAT_POLICIES`).
         learning_rate: Adam step size.
         abstract_only: refuse `init()` (real-size presets).
         explicit_head_dim: width of one head when it is not `d_model //
@@ -70,7 +71,7 @@ class LlamaConfig:
     d_ff: int
     rope_theta: float = 10000.0
     stacked: bool = False
-    remat: bool = False
+    remat: bool | str = False
     learning_rate: float = 1e-3
     abstract_only: bool = False
     explicit_head_dim: int | None = None
