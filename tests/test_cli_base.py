@@ -11,7 +11,6 @@ import pytest
 import shardsearch as ss
 from shardsearch.cli import main as _cli
 
-
 SCRIPT = Path(sys.executable).with_name("shardsearch")
 
 # What the subprocess tests run: each command in a fresh interpreter.

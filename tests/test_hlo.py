@@ -1074,3 +1074,112 @@ def test_real_scanned_training_step_counts_what_unrolling_counts():
     assert flops < unrolled_flops / 3  # XLA counts one layer of the scan
     total, _ = loop_aware(flops, bytes_accessed, scanned)
     assert total == pytest.approx(unrolled_flops, rel=0.1)
+
+
+# --- TPU convolutions, fast and slow line reading ------------------------------
+
+
+def _pairs_brute_force(out, kernel, inputs, stride, pad_low, lhs_dilate, rhs_dilate):
+    """Every (output, kernel) pair visited, as XLA's GetConvolutionFlops does."""
+    pairs = 0
+    for o in range(out):
+        for k in range(kernel):
+            index = o * stride - pad_low + k * rhs_dilate
+            if index < 0 or index % lhs_dilate:
+                continue
+            if inputs is None or index // lhs_dilate < inputs:
+                pairs += 1
+    return pairs
+
+
+def test_window_pairs_match_visiting_every_pair():
+    import random
+
+    from shardsearch.cost.hlo import _window_pairs
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        args = (rng.randint(1, 12), rng.randint(1, 6), rng.choice([None, *range(1, 12)]),
+                rng.randint(1, 5), rng.randint(-3, 8), rng.randint(1, 9), rng.randint(1, 3))
+        assert _window_pairs(*args) == _pairs_brute_force(*args), args
+
+
+# Lines from libtpu 0.0.42.1's compiled text of gpt:tiny and a scanned Llama
+# (v5e 2x2): batched matmuls written as convolutions over dilated batch dims.
+# Each expected count is 2 x the multiply-adds of the einsum it computes.
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "line", "expected"),
+    [
+        (  # bqkgd,bskd->bkgqs, batch 4 as a dilated spatial dim, groups 2
+            "bf16[4,32,2,16]", "bf16[4,2,32,32]",
+            "%c = bf16[4,2,16,32]{3,2,1,0:T(8,128)(2,1)S(1)} convolution(%a, %b), "
+            "window={size=4x2 stride=3x1 lhs_dilate=4x2}, dim_labels=0f1b_01oi->01bf",
+            2 * 4 * 2 * 16 * 32 * 32,
+        ),
+        (  # a group dim of 2 over an input of 1, padded 1_1
+            "bf16[8,32,32,1]", "bf16[2,16,32,1]",
+            "%c = bf16[8,32,2,16]{1,3,2,0:T(8,128)(2,1)S(1)} convolution(%a, %b), "
+            "window={size=1x2 pad=0_0x1_1 rhs_reversal=0x1}, dim_labels=0bf1_1oi0->0b1f",
+            2 * 8 * 32 * 2 * 16 * 32,
+        ),
+        (  # a dim of 2 as size 2, stride 2, padded 1_1: one position in two
+            "bf16[2,32,2,16,1]", "bf16[2,2,32,32,2]",
+            "%c = bf16[2,2,32,2,16]{2,4,3,1,0:T(8,128)(2,1)} convolution(%a, %b), "
+            "window={size=2x2x2 stride=2x2x1 pad=1_1x1_1x1_1 rhs_reversal=1x1x1}, "
+            "dim_labels=0f1b2_01io2->01f2b",
+            2 * 2 * 2 * 32 * 2 * 16 * 32,
+        ),
+        (  # a weight gradient: the 4 tokens are the window
+            "f32[4,128,64]", "f32[4,128,32]",
+            "%c = f32[64,32,1]{0,1,2:T(8,128)} convolution(%a, %b), window={size=4}, "
+            "dim_labels=0fb_0io->bf0",
+            2 * 64 * 32 * 4 * 128,
+        ),
+    ],
+    ids=["dilated batch", "padded group", "strided pad", "weight gradient"],
+)
+def test_tpu_batched_matmul_convolutions(lhs, rhs, line, expected):
+    hlo = cost(module(f"%a = {lhs} parameter(1)", f"%b = {rhs} parameter(2)", line))
+    assert (hlo.dot_flops, hlo.unknown_ops) == (expected, ())
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "%r = f32[8,128]{1,0} add(%p, %p), metadata={op_name=\"a(b)\"}",
+        "ROOT %r = f32[8,128]{1,0} add(%p, %p)",
+        "%r = f32[8,128]{1,0} add(f32[8,128]{1,0} %p, f32[8,128]{1,0} %p)",
+        "%r = (f32[8,128]{1,0}, s32[]) tuple(%p, %c)",
+        "%r = f32[8,128]{1,0} add(%p, /*x*/%p), /*y*/ sharding={replicated}",
+        "%r = s32[]{:T(128)} constant(3)",
+        "%r = f32[8,128]{1,0:T(8,128)} all-reduce(%p), replica_groups={}, to_apply=%add",
+        "%r = f32[8,128]{1,0} add(%p,%p),,  metadata={}",
+    ],
+    ids=["quoted parens", "root", "inline shapes", "tuple", "comments", "tiled scalar",
+         "callee", "tight commas"],
+)
+def test_lines_read_alike_by_the_regex_and_bracket_by_bracket(line):
+    from shardsearch.cost.hlo_graph import _INSTRUCTION, _parse_instruction, parse_module
+
+    text = module("%c = s32[] constant(1)", line)
+    parsed = parse_module(text).computations["main"].instructions["r"]
+    stripped = line.strip()
+    match = _INSTRUCTION.match(stripped)
+    assert parsed == _parse_instruction(match["name"], stripped[match.end() :], stripped)
+
+
+def test_a_wrapped_instruction_is_read_whole():
+    from shardsearch.cost.hlo_graph import parse_module
+
+    text = module("%r = f32[8,128]{1,0} add(%p,", "    %p), metadata={}")
+    instruction = parse_module(text).computations["main"].instructions["r"]
+    assert (instruction.operands, instruction.attrs) == (("p", "p"), "metadata={}")
+
+
+@pytest.mark.parametrize(
+    ("calls", "match"),
+    [((("b", 1), ("a", 1)), "sorted by target"), ((("a", -1),), r"calls >= 0")],
+)
+def test_hlo_cost_checks_its_custom_calls(calls, match):
+    with pytest.raises(ValueError, match=match):
+        HloCost(custom_calls_once=calls)

@@ -47,6 +47,7 @@ other than cuBLAS gemms.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 import re
@@ -65,10 +66,17 @@ COLLECTIVE_KINDS: tuple[str, ...] = (
 """The collective kinds reported, in the order every per-kind mapping uses."""
 
 _START_OPCODES = {f"{kind}-start": kind for kind in COLLECTIVE_KINDS}
+_COLLECTIVE_OPCODES = frozenset(COLLECTIVE_KINDS) | frozenset(_START_OPCODES)
+# Opcodes the flops pass looks at (a custom-call may be a gemm, and is counted).
+_MATMUL_OPCODES = frozenset({"dot", "convolution", "custom-call"})
 
 
 _LHS_CONTRACTING = re.compile(r"(?:^|[\s,])lhs_contracting_dims=\{(?P<dims>[^}]*)\}")
-_KERNEL_LABELS = re.compile(r"(?:^|[\s,])dim_labels=[^_\s,]*_(?P<kernel>[^-\s,]*)->")
+_DIM_LABELS = re.compile(
+    r"(?:^|[\s,])dim_labels=(?P<lhs>[^_\s,]*)_(?P<kernel>[^-\s,]*)->(?P<out>[^\s,]*)"
+)
+_WINDOW = re.compile(r"(?:^|[\s,])window=\{(?P<window>[^}]*)\}")
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 # cuBLAS gemms keep their dot dimensions in the backend config, as JSON.
 _GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$(?:gemm|lt\$matmul)[^"]*"')
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[(?P<dims>[^\]]*)\]')
@@ -259,14 +267,16 @@ class HloCost:
 
     A matmul's flops are ``2 * prod(result dims) * prod(lhs contracting dim
     sizes)``: one multiply and one add per term of each output element, as
-    XLA counts a ``dot``. A convolution's are ``2 * prod(result dims) *
-    prod(kernel dims other than the output feature dim)``, i.e. kernel
-    spatial size times input features per group (the input feature size over
-    ``feature_group_count``). That counts every window position, so it
-    overestimates what XLA counts where the window lies over padding or over
-    the holes of ``lhs_dilation`` (a transposed convolution, or a strided
-    convolution's gradient): by 9% for a 3x3 SAME convolution of a 16x16
-    image.
+    XLA counts a ``dot``. A convolution's are ``2 * (output batch and
+    features) * (input features per group) * (the window positions each
+    output meets)``. In a plain spatial dim (stride 1, input not dilated,
+    window no wider than the input) every window position counts, those over
+    the padding too, which overestimates what XLA counts by 9% for a 3x3 SAME
+    convolution of a 16x16 image; in any other dim only the positions that
+    meet an input element count, as XLA counts them. The TPU compiler writes
+    batched matmuls (attention's) as such convolutions, with batch dims as
+    dilated or padded spatial dims, where counting every position would
+    count the matmul up to 8 times.
 
     Bytes follow XLA's rules for ``bytes accessed``: each instruction of a
     computation that is not fused reads its operands and writes its result;
@@ -301,6 +311,11 @@ class HloCost:
         (``x.astype(jnp.float32)``, named ``convert_element_type`` in its
         metadata) is kept. The operand's type unknown, the result's. Empty
         when built by hand without it.
+      custom_calls_once: custom-call targets with how many calls of each run
+        per step, every loop taken to run once as XLA's cost analysis counts
+        them, sorted by target, e.g. ``(("ConcatBitcast", 30),)``. The TPU
+        compiler's ``optimal_seconds`` charges some of them a sentinel
+        (:attr:`shardsearch.cost.program.ProgramCost.compiler_seconds`).
     """
 
     dot_flops: float = 0.0
@@ -309,6 +324,7 @@ class HloCost:
     bytes_accessed_once: float = 0.0
     unknown_ops: tuple[str, ...] = ()
     dot_flops_by_dtype: tuple[tuple[str, float], ...] = ()
+    custom_calls_once: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "unknown_ops", tuple(self.unknown_ops))
@@ -316,6 +332,14 @@ class HloCost:
             value = getattr(self, field)
             if not value >= 0:
                 raise ValueError(f"HloCost.{field}={value!r} must be a number >= 0")
+        calls = tuple((str(target), int(n)) for target, n in self.custom_calls_once)
+        object.__setattr__(self, "custom_calls_once", calls)
+        targets = [target for target, _ in calls]
+        if targets != sorted(set(targets)) or not all(n >= 0 for _, n in calls):
+            raise ValueError(
+                f"HloCost.custom_calls_once={calls!r} must be (target, calls >= 0) "
+                "pairs, one per target, sorted by target"
+            )
         pairs = tuple((str(dtype), float(flops)) for dtype, flops in self.dot_flops_by_dtype)
         object.__setattr__(self, "dot_flops_by_dtype", pairs)
         dtypes = [dtype for dtype, _ in pairs]
@@ -383,6 +407,8 @@ def _collectives(module: Module) -> CollectiveSummary:
         if not count:
             continue
         for instruction in computation.instructions.values():
+            if instruction.opcode not in _COLLECTIVE_OPCODES:
+                continue
             found = _collective(instruction, num_devices)
             if found is None:
                 continue
@@ -415,12 +441,19 @@ def _costs(module: Module) -> HloCost:
     flops = flops_once = traffic = traffic_once = 0.0
     unknown: dict[str, None] = {}
     by_dtype: dict[str, float] = {}
+    custom_calls: dict[str, int] = {}
     sites = callers(module)
     for computation in module.computations.values():
         count, once = module.counts[computation.name], module.counts_once[computation.name]
         if not once:
             continue  # never called from ENTRY
         for instruction in computation.instructions.values():
+            if instruction.opcode not in _MATMUL_OPCODES:
+                continue
+            if instruction.opcode == "custom-call":
+                target = _TARGET.search(instruction.raw_attrs)
+                name = target[1] if target else ""
+                custom_calls[name] = custom_calls.get(name, 0) + once
             if not _is_matmul(instruction):
                 continue
             found = _matmul_flops(instruction, computation)
@@ -453,6 +486,7 @@ def _costs(module: Module) -> HloCost:
         bytes_accessed_once=traffic_once,
         unknown_ops=tuple(unknown),
         dot_flops_by_dtype=tuple(sorted(by_dtype.items())),
+        custom_calls_once=tuple(sorted(custom_calls.items())),
     )
 
 
@@ -584,13 +618,7 @@ def _matmul_flops(instruction: Instruction, computation: Computation) -> float |
     """Flops of one dot, convolution or cuBLAS gemm; None when a shape is unknown."""
     out = _array_dims(instruction.shape)
     if instruction.opcode == "convolution":
-        kernel = _operand_dims(instruction, 1, computation)
-        labels = _KERNEL_LABELS.search(instruction.attrs)
-        if out is None or kernel is None or labels is None or len(labels["kernel"]) != len(kernel):
-            return None
-        sizes = zip(labels["kernel"], kernel, strict=True)
-        per_output = math.prod(n for label, n in sizes if label != "o")
-        return 2.0 * math.prod(out) * per_output
+        return _convolution_flops(instruction, computation, out)
     if instruction.opcode == "dot":
         found = _LHS_CONTRACTING.search(instruction.attrs)
     else:  # the gemm's config is JSON, which attrs blanks
@@ -602,6 +630,118 @@ def _matmul_flops(instruction: Instruction, computation: Computation) -> float |
     if out is None or lhs is None or any(d >= len(lhs) for d in contracting):
         return None
     return 2.0 * math.prod(out) * math.prod(lhs[d] for d in contracting)
+
+
+def _convolution_flops(
+    instruction: Instruction, computation: Computation, out: list[int] | None
+) -> float | None:
+    """2 x (output batch and features) x (input features per group) x the
+    (output, kernel) position pairs of each spatial dim.
+
+    A plain spatial dim (stride 1, input not dilated, window no wider than
+    the input) counts every pair, those over the edge padding too: the
+    border of a SAME convolution is counted as if the padding were data. Any
+    other dim counts, as XLA's cost analysis does, only the pairs that meet
+    an input element. The TPU compiler writes batched matmuls that way: a
+    batch dim of 8 as a spatial dim ``size=8 stride=7 lhs_dilate=8`` (one of
+    the 8 window positions meets an element), a group dim of 2 over an
+    input of 1 as ``size=2 pad=1_1``, a dim of 2 as ``size=2 stride=2
+    pad=1_1``; counting every pair would count such a matmul up to 8 times.
+    """
+    kernel = _operand_dims(instruction, 1, computation)
+    labels = _DIM_LABELS.search(instruction.attrs)
+    if (
+        out is None
+        or kernel is None
+        or labels is None
+        or len(labels["kernel"]) != len(kernel)
+        or len(labels["out"]) != len(out)
+    ):
+        return None
+    kernel_dims = dict(zip(labels["kernel"], kernel, strict=True))
+    out_dims = dict(zip(labels["out"], out, strict=True))
+    lhs = _operand_dims(instruction, 0, computation)
+    lhs_dims = (
+        dict(zip(labels["lhs"], lhs, strict=True)) if lhs and len(lhs) == len(labels["lhs"]) else {}
+    )
+    # Without the spatial dims: batch and features out, features in per group.
+    terms = out_dims.get("b", 1) * out_dims.get("f", 1) * kernel_dims.get("i", 1)
+    window = _window(instruction.attrs)
+    for label in labels["kernel"]:
+        if not label.isdigit():
+            continue
+        dim = int(label)
+        stride, pad_low, lhs_dilate, rhs_dilate = (
+            _window_field(window, key, dim, default)
+            for key, default in (("stride", 1), ("pad", 0), ("lhs_dilate", 1), ("rhs_dilate", 1))
+        )
+        size = kernel_dims[label]
+        extent = (size - 1) * rhs_dilate + 1
+        inputs = lhs_dims.get(label)
+        if stride == 1 and lhs_dilate <= 1 and (inputs is None or extent <= inputs):
+            terms *= out_dims.get(label, 1) * size
+        else:
+            terms *= _window_pairs(
+                out_dims.get(label, 1), size, inputs, stride, pad_low, lhs_dilate, rhs_dilate
+            )
+    return 2.0 * terms
+
+
+def _window(attrs: str) -> dict[str, list[str]]:
+    """``window={size=4x2 stride=3x1 pad=0_0x1_1 lhs_dilate=4x2}`` as
+    ``{"size": ["4", "2"], "stride": ["3", "1"], "pad": ["0_0", "1_1"], ...}``."""
+    match = _WINDOW.search(attrs)
+    fields = match["window"].split() if match else []
+    return {key: value.split("x") for key, _, value in (f.partition("=") for f in fields)}
+
+
+def _window_field(window: dict[str, list[str]], key: str, dim: int, default: int) -> int:
+    """One spatial dim's value of a window field (a padding's low side); XLA
+    leaves out the fields that are all ``default``."""
+    values = window.get(key, [])
+    value = values[dim].split("_")[0] if dim < len(values) else ""
+    return int(value) if value.lstrip("-").isdigit() else default
+
+
+def _window_pairs(
+    out: int,
+    kernel: int,
+    inputs: int | None,
+    stride: int,
+    pad_low: int,
+    lhs_dilate: int,
+    rhs_dilate: int,
+) -> int:
+    """(output, kernel) position pairs of one spatial dim that meet an input
+    element: ``u = o * stride - pad_low + k * rhs_dilate`` a multiple of
+    ``lhs_dilate`` with ``0 <= u / lhs_dilate < inputs`` (any u >= 0 when
+    ``inputs`` is None).
+
+    E.g. 8 for ``out=8, kernel=8, inputs=8, stride=7, lhs_dilate=8``: each
+    output meets one of the 8 elements. XLA's ``GetConvolutionFlops`` counts
+    the same pairs by visiting each one; this counts them in arithmetic
+    progressions, one per kernel position.
+    """
+    lhs_dilate = max(lhs_dilate, 1)
+    # o * stride = -c (mod L) has solutions iff gcd(stride, L) divides c: one
+    # in every L / gcd outputs, from the first found with the inverse.
+    step = math.gcd(stride, lhs_dilate)
+    period = lhs_dilate // step
+    inverse = pow(stride // step, -1, period) if period > 1 else 0
+    pairs = 0
+    for k in range(kernel):
+        offset = k * rhs_dilate - pad_low
+        if offset % step:
+            continue
+        first = (-(offset // step) * inverse) % period
+        low = max(0, -(offset // stride)) if stride > 0 else 0
+        high = out - 1
+        if inputs is not None and stride > 0:
+            high = min(high, ((inputs - 1) * lhs_dilate - offset) // stride)
+        start = low + (first - low) % period
+        if start <= high:
+            pairs += (high - start) // period + 1
+    return pairs
 
 
 def _operand_dims(
@@ -737,4 +877,13 @@ def _operand_bytes(instruction: Instruction, index: int, computation: Computatio
 
 
 def _bytes(shape: str, line: str) -> int:
-    return _total(_parse_shape(shape, line))
+    try:
+        return _shape_bytes(shape)
+    except ValueError:  # read it again for the error that names the line
+        return _total(_parse_shape(shape, line))
+
+
+@functools.lru_cache(maxsize=8192)
+def _shape_bytes(shape: str) -> int:
+    # A module prints a few hundred distinct shapes on thousands of lines.
+    return _total(_parse_shape(shape, shape))

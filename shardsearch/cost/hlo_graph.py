@@ -28,8 +28,22 @@ _COMPUTATION = re.compile(
 )
 _INSTRUCTION = re.compile(r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[^\s=]+)\s+=\s+(?=\S)")
 _OPCODE = re.compile(r"\s*(?P<opcode>[A-Za-z][\w\-.]*)\(")
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+# Most lines, read by one regex: "ROOT %name = f32[8]{0} add(%a, %b), attrs",
+# an array shape and operands without brackets (no tuple shape, no shapes
+# printed with the operands, no literal), nor comments. The rest is walked
+# bracket by bracket (_parse_instruction).
+_SIMPLE_LINE = re.compile(
+    r"(?P<root>ROOT\s+)?%?(?P<name>[^\s=]+)\s+=\s+(?P<shape>[^\s(]\S*)\s+"
+    r"(?P<opcode>[A-Za-z][\w\-.]*)\((?P<inside>[^()\[\]{}]*)\)[, ]*(?P<attrs>.*)"
+)
+# Two words in one operand, e.g. a shape before a name without brackets.
+_TWO_TOKENS = re.compile(r"[^\s,]\s+[^\s,]")
+# A quoted string with its escapes; unrolled ("normal* (special normal*)*")
+# so that a long backend config is one run of the engine, not a choice a char.
+_QUOTED = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _COMMENT = re.compile(r"/\*.*?\*/")
+_BRACKET = re.compile(r"[()\[\]{}]")
+_BRACKET_OR_COMMA = re.compile(r"[()\[\]{},]")
 _KNOWN_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 _CALLEE = re.compile(
     r"(?:^|[\s,])(?P<attr>calls|to_apply|body|condition|true_computation|"
@@ -38,6 +52,9 @@ _CALLEE = re.compile(
 _CALLEE_LIST = re.compile(
     r"(?:^|[\s,])(?:calls|branch_computations|called_computations)=\{(?P<names>[^}]*)\}"
 )
+# Every attribute that names a callee ends in one of these; most lines have none.
+_CALLS_ANY = re.compile(r"calls=|to_apply=|body=|condition=|_computation|select=|scatter=")
+_NEW = object.__new__
 # async-update / async-done repeat the async-start's ``calls=``; following them
 # too would count the wrapped work two or three times.
 _NOT_CALLERS = frozenset({"async-update", "async-done"})
@@ -192,7 +209,7 @@ def _propagate(graph: nx.DiGraph, order: list[str], entry: str, weight: str) -> 
 def _parse_computations(text: str) -> tuple[str | None, dict[str, Computation]]:
     header = None
     computations: dict[str, Computation] = {}
-    current: tuple[str, bool, list[str]] | None = None
+    current: tuple[str, bool, list[tuple[str, re.Match | None]]] | None = None
     for line in text.splitlines():
         if current is None:
             if _HEADER.match(line):
@@ -201,18 +218,21 @@ def _parse_computations(text: str) -> tuple[str | None, dict[str, Computation]]:
                 current = (match["name"], bool(match["entry"]), [])
             continue
         name, is_entry, lines = current
-        if not line.strip():
+        stripped = line.strip()
+        if not stripped:
             continue
-        if line.lstrip().startswith("}"):
+        if stripped.startswith("}"):
             if name in computations:
                 raise ValueError(f"HLO computation {name!r} is defined twice; pass one module")
             computations[name] = _build_computation(name, is_entry, lines)
             current = None
-        elif _INSTRUCTION.match(line) or not lines:
-            lines.append(line.strip())
+        elif "/*" not in stripped and (simple := _SIMPLE_LINE.match(stripped)):
+            lines.append((stripped, simple))
+        elif not lines or _INSTRUCTION.match(stripped):
+            lines.append((stripped, None))
         else:
             # Hand-written HLO wraps long instructions; the printer never does.
-            lines[-1] += " " + line.strip()
+            lines[-1] = (lines[-1][0] + " " + stripped, None)
     if current is not None:
         raise ValueError(
             f"HLO computation {current[0]!r} is not closed by '}}'; the text "
@@ -221,25 +241,84 @@ def _parse_computations(text: str) -> tuple[str | None, dict[str, Computation]]:
     return header, computations
 
 
-def _build_computation(name: str, is_entry: bool, lines: list[str]) -> Computation:
+def _build_computation(
+    name: str, is_entry: bool, lines: list[tuple[str, re.Match | None]]
+) -> Computation:
     instructions: dict[str, Instruction] = {}
     root = None
-    for line in lines:
-        match = _INSTRUCTION.match(line)
-        if match is None:
-            raise ValueError(
-                f"cannot read this line of HLO computation {name!r} as an "
-                f"instruction ('name = shape opcode(operands), attrs'): {line!r}"
-            )
-        instruction = _parse_instruction(match["name"], line[match.end() :], line)
+    for line, simple in lines:
+        if simple is not None:
+            instruction = _simple_instruction(simple, line)
+            is_root = simple["root"]
+        else:
+            match = _INSTRUCTION.match(line)
+            if match is None:
+                raise ValueError(
+                    f"cannot read this line of HLO computation {name!r} as an "
+                    f"instruction ('name = shape opcode(operands), attrs'): {line!r}"
+                )
+            instruction = _parse_instruction(match["name"], line[match.end() :], line)
+            is_root = match["root"]
         instructions[instruction.name] = instruction
-        if match["root"]:
+        if is_root:
             root = instruction.name
     return Computation(name, is_entry, instructions, root)
 
 
+def _simple_instruction(match: re.Match, line: str) -> Instruction:
+    """The instruction of a line `_SIMPLE_LINE` read: what `_parse_instruction`
+    makes of it, without walking its brackets."""
+    opcode, inside, raw_attrs = match["opcode"], match["inside"], match["attrs"]
+    if opcode in ("constant", "parameter"):
+        operands, operand_shapes = (inside.strip(),), ("",)
+    elif _TWO_TOKENS.search(inside):  # "f32 %x": the slow path keeps both
+        return _parse_instruction(match["name"], line[match.start("shape") :], line)
+    else:
+        operands = tuple(part.lstrip("%") for part in "".join(inside.split()).split(",") if part)
+        operand_shapes = ("",) * len(operands)
+    return _new_instruction(
+        match["name"],
+        match["shape"],
+        opcode,
+        operands,
+        operand_shapes,
+        _QUOTED.sub('""', raw_attrs) if '"' in raw_attrs else raw_attrs,
+        raw_attrs,
+        line,
+    )
+
+
+def _new_instruction(
+    name: str,
+    shape: str,
+    opcode: str,
+    operands: tuple[str, ...],
+    operand_shapes: tuple[str, ...],
+    attrs: str,
+    raw_attrs: str,
+    line: str,
+) -> Instruction:
+    """``Instruction(...)``, made faster: a frozen dataclass sets each field
+    through ``object.__setattr__``; filling the instance's dict directly
+    makes the same (equal, hashing alike) instance in under half the time,
+    which counts for the thousands of instructions of a module. Instruction
+    has no ``__post_init__`` to skip."""
+    instruction = _NEW(Instruction)
+    fields = instruction.__dict__
+    fields["name"] = name
+    fields["shape"] = shape
+    fields["opcode"] = opcode
+    fields["operands"] = operands
+    fields["operand_shapes"] = operand_shapes
+    fields["attrs"] = attrs
+    fields["raw_attrs"] = raw_attrs
+    fields["line"] = line
+    return instruction
+
+
 def _parse_instruction(name: str, rest: str, line: str) -> Instruction:
-    rest = _COMMENT.sub("", rest)
+    if "/*" in rest:
+        rest = _COMMENT.sub("", rest)
     # A tuple shape holds spaces; an array shape runs to the first space.
     tuple_shape = rest.startswith("(")
     end = closing(rest, 0, line) + 1 if tuple_shape else len(rest.split(None, 1)[0])
@@ -247,10 +326,11 @@ def _parse_instruction(name: str, rest: str, line: str) -> Instruction:
     match = _OPCODE.match(rest, end)
     if match is None:
         raise ValueError(f"cannot find the opcode after the shape in HLO line {line!r}")
+    opcode = match["opcode"]
     open_paren = match.end() - 1
     close_paren = closing(rest, open_paren, line)
     inside = rest[open_paren + 1 : close_paren]
-    if match["opcode"] in ("constant", "parameter"):
+    if opcode in ("constant", "parameter"):
         operands, operand_shapes = (inside.strip(),), ("",)
     else:
         # Operands may be printed with their shapes ("f32[4] %x"); the name is last.
@@ -261,10 +341,10 @@ def _parse_instruction(name: str, rest: str, line: str) -> Instruction:
     return Instruction(
         name=name,
         shape=shape,
-        opcode=match["opcode"],
+        opcode=opcode,
         operands=operands,
         operand_shapes=operand_shapes,
-        attrs=_QUOTED.sub('""', raw_attrs),
+        attrs=_QUOTED.sub('""', raw_attrs) if '"' in raw_attrs else raw_attrs,
         raw_attrs=raw_attrs,
         line=line,
     )
@@ -273,28 +353,33 @@ def _parse_instruction(name: str, rest: str, line: str) -> Instruction:
 def closing(text: str, start: int, line: str) -> int:
     """Index of the bracket closing ``text[start]``, all bracket kinds nesting."""
     depth = 0
-    for index in range(start, len(text)):
-        char = text[index]
-        if char in "([{":
+    # The regex skips the text between brackets at C speed; a line of HLO
+    # is mostly names and numbers.
+    for match in _BRACKET.finditer(text, start):
+        if match.group() in "([{":
             depth += 1
-        elif char in ")]}":
+        else:
             depth -= 1
             if depth == 0:
-                return index
+                return match.start()
     raise ValueError(f"unbalanced brackets in HLO line {line!r}")
 
 
 def split_top(text: str) -> list[str]:
     """Splits on commas that are not inside brackets."""
+    if not _BRACKET.search(text):
+        return text.split(",")  # the usual operand list, "%a, %b"
     parts, depth, start = [], 0, 0
-    for index, char in enumerate(text):
-        if char in "([{":
+    for match in _BRACKET_OR_COMMA.finditer(text):
+        char = match.group()
+        if char == ",":
+            if depth == 0:
+                parts.append(text[start : match.start()])
+                start = match.end()
+        elif char in "([{":
             depth += 1
-        elif char in ")]}":
+        else:
             depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:index])
-            start = index + 1
     parts.append(text[start:])
     return parts
 
@@ -310,7 +395,7 @@ def _call_edges(
     Returns the edges and, for a while loop whose trip count is unknown, the
     name of its body (the loop is then counted as running once).
     """
-    if instruction.opcode in _NOT_CALLERS:
+    if instruction.opcode in _NOT_CALLERS or not _CALLS_ANY.search(instruction.attrs):
         return [], None
     names = [(m["attr"], m["name"]) for m in _CALLEE.finditer(instruction.attrs)]
     for match in _CALLEE_LIST.finditer(instruction.attrs):

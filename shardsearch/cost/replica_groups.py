@@ -51,6 +51,10 @@ _MESH_AXES = re.compile(r"\s*\{(?P<axes>[^{}]*)\}")
 _SUB_AXIS = re.compile(r"\((?P<pre>\d+)\)(?P<size>\d+)")
 
 
+# A permute's pairs in the printer's spelling, "{0,1},{1,2}" (or none).
+_PAIRS = re.compile(r"(?:\{\d+,\d+\}(?:,\{\d+,\d+\})*)?")
+
+
 @dataclasses.dataclass(frozen=True)
 class Groups:
     """Where one collective's replica groups lie, as read from its attributes."""
@@ -72,10 +76,14 @@ def permute_pairs(instruction: Instruction) -> Groups:
         )
     body = instruction.attrs[start + 1 : closing(instruction.attrs, start, instruction.line)]
     pairs = []
-    for pair in re.findall(r"\{([^{}]*)\}", body):
-        source, target = _ints(pair, instruction.line)
-        if source != target:
-            pairs.append((source, target))
+    if _PAIRS.fullmatch(body):  # the usual "{0,1},{1,2}": read at once
+        numbers = [int(n) for n in re.findall(r"\d+", body)]
+        pairs = [(s, t) for s, t in zip(numbers[::2], numbers[1::2], strict=True) if s != t]
+    else:
+        for pair in re.findall(r"\{([^{}]*)\}", body):
+            source, target = _ints(pair, instruction.line)
+            if source != target:
+                pairs.append((source, target))
     devices = dict.fromkeys(device for pair in pairs for device in pair)
     return Groups(max(len(devices), 1), tuple(pairs))
 
