@@ -174,7 +174,9 @@ def estimate_published(workload: Any, mesh: Any, published: Published, hardware:
       `plan` (its name), `flops_per_step` and `step_seconds` under each FLOP
       count, `published_seconds` (under the publisher's count), `estimate`,
       `ratio` (estimate / published), `breakdown` (`Breakdown.to_json()`),
-      `memory_per_device` (XLA's figures for CPU devices; a TPU's differ),
+      `compiler_estimate` (the chip compiler's own, loops counted: TPU
+      targets only), `memory_per_device` (XLA's figures for the devices the
+      mesh holds: a target's are the chip compiler's),
       `fits_chip` (XLA's total within the chip's memory), `status` and
       `reason` (when it could not be estimated).
     """
@@ -204,6 +206,7 @@ def estimate_published(workload: Any, mesh: Any, published: Published, hardware:
     memory = dict(sorted(outcome.memory.items()))
     chip = hardware.memory_bytes
     out.update(status=str(outcome.status), reason=outcome.reason, estimate=outcome.estimate,
+               compiler_estimate=outcome.compiler_estimate,
                breakdown=outcome.breakdown, memory_per_device=memory,
                fits_chip=(None if chip is None or "total" not in memory
                           else memory["total"] <= chip))

@@ -147,7 +147,8 @@ class Static(Objective):
         except ValueError as err:
             return candidate.outcome(FAILED, reason=str(err))
         return candidate.outcome(COMPLETE, value=estimate, estimate=estimate,
-                                 breakdown=breakdown)
+                                 breakdown=breakdown,
+                                 compiler_estimate=candidate.program.compiler_seconds)
 
 
 @dataclasses.dataclass(frozen=True)

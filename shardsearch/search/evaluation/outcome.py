@@ -62,6 +62,9 @@ class Outcome:
         notes: leaves a logical rule had no names for, loops or ops the cost
         model could not count, collectives without groups); stored only when
         there are some.
+      compiler_estimate: the chip compiler's own seconds per step, loops
+        counted (`cost.program.ProgramCost.compiler_seconds`: TPU targets),
+        a second estimator beside `estimate`; stored only when there is one.
 
     `to_json` is the form of the trial attribute "outcome", which predates
     `estimate` and `breakdown`: the study stores those two beside it, in
@@ -89,6 +92,7 @@ class Outcome:
     estimate: float | None = None
     breakdown: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
+    compiler_estimate: float | None = None
 
     def __post_init__(self) -> None:
         # Stored outcomes come back with the plain string and int.
@@ -115,12 +119,14 @@ class Outcome:
         out["status"] = self.status.value
         out["cut_stage"] = None if self.cut_stage is None else self.cut_stage.id
         out["step_times"] = list(self.step_times)
-        # Older outcomes have neither: an outcome without them keeps their form.
+        # Older outcomes have none of these: an outcome without them keeps their form.
         for key in ("notes", "warmup_times"):
             if out[key]:
                 out[key] = list(out[key])
             else:
                 del out[key]
+        if out["compiler_estimate"] is None:
+            del out["compiler_estimate"]
         return out
 
     @classmethod
