@@ -8,6 +8,7 @@ runs them.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -65,45 +66,80 @@ def check_against_baselines(result: ss.OptimizeResult) -> str:
             f"{result.baselines[best] * 1e3:.2f} ms")
 
 
+def baseline_times(result: ss.OptimizeResult) -> dict[str, float]:
+    """The dp and fsdp baselines' step times (s), for the example's summary."""
+    return {b: result.baselines[b] for b in ("dp", "fsdp")}
+
+
 def export_plans(result: ss.OptimizeResult, args, where: Path) -> tuple:
-    """Writes the winner's plan file and, from the best logical trial (the winner
-    when it is one), a flax-rules file; reads both back.
+    """Writes the winner's plan file and a flax-rules file; reads both back.
+
+    The flax-rules file comes from the best logical trial whose specs Flax's
+    rules can give (the winner when it is one): an assignment where two names
+    on one mesh axis meet in leaves of opposite dim order at equal sizes (wq
+    `(embed, heads)`, wo `(heads, embed)`) has no one order of pairs, and the
+    export refuses it (`FlaxRulesMismatch`), naming the leaves.
 
     Returns:
-      `(specs, rules, logical_specs)`: the winner's spec trees as the plan file
-      gives them back for `args`, the Flax rules as `(name, mesh axes)` pairs,
-      and the spec trees the logical trial measured.
+      `(specs, data, logical_specs, source)`: the winner's spec trees as the
+      plan file gives them back for `args`, the flax-rules file as read
+      (`rules(data)` gives its `(name, mesh axes)` pairs), the spec trees that
+      logical trial measured, and `{"trial", "label", "refused"}`: which trial
+      the rules are from, and the better logical trials Flax could not express.
     """
     from shardsearch.rules.base import argument_specs, rule_from_config
+    from shardsearch.rules.logical import FlaxRulesMismatch
 
     plan = ss.load_plan(result.export(where / "plan.json"))
     assert plan.rule.to_config() == result.best_rule.to_config()
     specs = argument_specs(plan.rule, plan.batch_rule, args)
     assert specs == result.best_specs, "the plan file gives other specs than measured"
-    logical = [t for t in result.trials if t.state_rule.get("kind") == "logical"
-               and t.outcome.status == "complete"]
-    best = min(logical, key=lambda t: t.outcome.value)
-    if result.best_rule.kind == "logical":
-        path = result.export(where / "rules.json", format="flax-rules")
-        measured = result.best_specs
-    else:
-        config = ss.export_config(result.study, trial=best.number)
-        path = ss.write_config(config, where / "rules.json", format="flax-rules")
-        state_rule = rule_from_config(best.state_rule, mesh(), "trial")
-        batch_rule = rule_from_config(best.batch_rule, mesh(), "trial")
+    winner = result.best_rule.to_config()
+    logical = sorted((t for t in result.trials if t.state_rule.get("kind") == "logical"
+                      and t.outcome.status == "complete"),
+                     key=lambda t: (t.state_rule != winner, t.outcome.value))
+    assert logical, "no logical trial completed"
+    refused = []
+    for trial in logical:
+        config = ss.export_config(result.study, trial=trial.number)
+        try:
+            path = ss.write_config(config, where / "rules.json", format="flax-rules")
+        except FlaxRulesMismatch:
+            refused.append(f"{trial.label} #{trial.number}")
+            continue
+        state_rule = rule_from_config(trial.state_rule, mesh(), "trial")
+        batch_rule = rule_from_config(trial.batch_rule, mesh(), "trial")
         measured = argument_specs(state_rule, batch_rule, args)
-    import json
+        source = {"trial": trial.number, "label": trial.label, "refused": refused}
+        return specs, json.loads(path.read_text()), measured, source
+    raise AssertionError(f"Flax's rules express none of the logical trials: {refused}")
 
-    rules = [(n, tuple(e) if isinstance(e, list) else e)
-             for n, e in json.loads(path.read_text())["rules"]]
-    return specs, rules, measured
+
+def rules(data: dict) -> list[tuple]:
+    """A flax-rules file's `rules` as the pairs Flax takes (tuples for several axes)."""
+    return [(n, tuple(e) if isinstance(e, list) else e) for n, e in data["rules"]]
+
+
+def flax_specs(logical_state, data: dict) -> tuple:
+    """The spec trees Flax's own `nn.logical_to_mesh` gives `(state, *batch)` with
+    a flax-rules file's `rules`: the state from its logical names (what
+    `nn.get_partition_spec` / `nnx.get_partition_spec` read off its boxes), each
+    batch argument from the names the file records for it."""
+    import flax.linen as nn
+
+    pairs = rules(data)
+    batch = [nn.logical_to_mesh_axes(argument[0][2], pairs) for argument in data["batch"]]
+    return (nn.logical_to_mesh(logical_state, pairs), *batch)
+
+
+def is_spec(s) -> bool:
+    return isinstance(s, jax.sharding.PartitionSpec)
 
 
 def same_specs(ours, theirs) -> int:
     """Asserts two spec trees agree leaf by leaf (canonical forms); returns the count."""
     from shardsearch.base.spec import canonical
 
-    is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)  # noqa: E731
     a, b = jax.tree.leaves(ours, is_leaf=is_spec), jax.tree.leaves(theirs, is_leaf=is_spec)
     assert len(a) == len(b), (len(a), len(b))
     differ = [(x, y) for x, y in zip(a, b, strict=True) if canonical(x) != canonical(y)]

@@ -1,9 +1,11 @@
 """A Flax NNX decoder (GQA attention, RMSNorm, SwiGLU) trained with optax AdamW.
 
 The parameters carry logical names (`nnx.with_partitioning`); the search adopts
-them, finds a sharding on 8 simulated devices, exports it as Flax
-`logical_axis_rules`, and the model is sharded with Flax's own
-`nnx.logical_to_mesh_axes` for one training step.
+them and finds a sharding on 8 simulated devices. The plan is exported twice: as
+Flax `logical_axis_rules`, which Flax's own `nn.logical_to_mesh` resolves, on
+the model's annotations, to the measured spec of every leaf, and as a plan
+file, which `shardsearch.flax.apply_plan` places the model by for one training
+step.
 
     python examples/nnx_decoder.py [WORKDIR]
 """
@@ -15,7 +17,6 @@ import time
 
 import _common
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -39,7 +40,7 @@ def dense(n_in, n_out, names, rngs):
 
 class RMSNorm(nnx.Module):
     def __init__(self, dim):
-        self.scale = nnx.Param(jnp.ones((dim,)), sharding=("embed",))
+        self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=("embed",))
 
     def __call__(self, x):
         x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
@@ -124,10 +125,11 @@ def main() -> dict:
 
     # The plan file back, and Flax rules that Flax itself resolves to the
     # measured specs, on the model's own annotations.
-    specs, rules, measured = _common.export_plans(result, args, where)
+    specs, data, measured, source = _common.export_plans(result, args, where)
+    rules = _common.rules(data)
     mesh = _common.mesh()
-    logical = nnx.get_partition_spec(nnx.state(model, nnx.Param))
-    compared = _common.same_specs(measured[0][0], nn.logical_to_mesh(logical, rules))
+    logical = nnx.get_partition_spec(args[0])  # the Params' and Adam moments' names
+    compared = _common.same_specs(measured, _common.flax_specs(logical, data))
 
     # One training step with the winner's plan, the model placed by it.
     ssf.apply_plan(model, specs[0][0], mesh)
@@ -135,11 +137,14 @@ def main() -> dict:
     state = ssf.place(args_s[0], specs[0], mesh)
     batch = [ssf.place(b, s, mesh) for b, s in zip(args_s[1:], specs[1:], strict=True)]
     _, metrics = jax.jit(step_s)(state, *batch)
-    kernel = model.blocks[0].attn.wq.kernel[...]
-    assert isinstance(kernel.sharding, NamedSharding)
+    placed = [p.sharding.spec for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
+    _common.same_specs(jax.tree.leaves(specs[0][0], is_leaf=_common.is_spec), placed)
+    assert isinstance(model.blocks[0].attn.wq.kernel[...].sharding, NamedSharding)
     seconds = time.perf_counter() - started
     summary = {"example": "nnx_decoder", "winner": result.best_label, "check": line,
-               "leaves_compared": compared, "rules": rules, "loss": float(metrics["loss"]),
+               "baselines": _common.baseline_times(result),
+               "leaves_compared": compared, "flax_rules_from": source, "rules": rules,
+               "loss": float(metrics["loss"]),
                "axes": sorted(names), "seconds": round(seconds, 1)}
     print(json.dumps(summary))
     return summary

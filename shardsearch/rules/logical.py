@@ -628,9 +628,13 @@ def rule_from_logical_axis_rules(
 
 
 def _pairs(data: Any, what: str) -> list[tuple[str, Any]]:
-    if not isinstance(data, list) or not all(isinstance(p, list) and len(p) == 2
-                                             for p in data):
-        raise TypeError(f"{what} must be a list of [logical_name, mesh_axes_or_null] pairs")
+    if not isinstance(data, list):
+        raise TypeError(f"{what} must be a list of [logical_name, mesh_axes_or_null] pairs, "
+                        f"got {type(data).__name__}")
+    for i, p in enumerate(data):
+        if not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)):
+            raise TypeError(f"{what} must be a list of [logical_name, mesh_axes_or_null] "
+                            f"pairs; item {i} is {p!r}")
     return [(p[0], p[1]) for p in data]
 
 
