@@ -135,3 +135,63 @@ def test_a_confirmed_result_is_never_replaced_by_an_unconfirmed_one():
     assert study.user_attrs[attrs.RESULT] == confirmed
     newer = {"best": {"label": "search"}, "confirmation": {"search": {"median": 0.5}}}
     assert store_result(study, newer) and study.user_attrs[attrs.RESULT] == newer
+
+
+def test_a_trial_no_run_ever_took_is_failed_once_a_later_one_finished(tmp_path):
+    # An ask whose answer the server lost (it restarted as the trial was
+    # committed) is made again; the first trial has no owner and no heartbeat.
+    from shardsearch.search.study.ownership import fail_stale_trials
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    orphan = study.ask()
+    assert fail_stale_trials(study) == []  # nothing after it: it may be an instant old
+    later = study.ask()
+    later.set_user_attr(attrs.HEARTBEAT, time.time())
+    study.tell(later, 1.0)
+    # A later trial that finished a moment ago (a cache hit) says nothing: the
+    # first one's run may be about to write its owner.
+    assert fail_stale_trials(study) == []
+    settled = study.ask()
+    settled.set_user_attr(attrs.HEARTBEAT, time.time() - _own.GRACE_SECONDS - 1)
+    study.tell(settled, 1.0)
+    assert fail_stale_trials(study) == [orphan.number]
+    assert study.trials[orphan.number].state == optuna.trial.TrialState.FAIL
+
+
+def test_a_storage_call_that_lost_its_server_is_tried_again(monkeypatch):
+    import sqlalchemy.exc
+
+    from shardsearch.search.study import storage as _storage
+
+    monkeypatch.setattr(_storage, "RECONNECT_DELAYS", (0.0, 0.0))
+    calls = []
+
+    def lost():
+        cut = sqlalchemy.exc.OperationalError("SELECT", {}, Exception("terminating connection"))
+        err = optuna.exceptions.StorageInternalError("lost")
+        err.__cause__ = cut
+        return err
+
+    def flaky(self, n):
+        calls.append(n)
+        if len(calls) < 3:
+            raise lost()
+        return n * 2
+
+    assert _storage._reconnecting(flaky)(None, 21) == 42 and len(calls) == 3
+    calls.clear()
+
+    def refused(self):
+        calls.append(1)
+        raise optuna.exceptions.StorageInternalError("bad") from sqlalchemy.exc.IntegrityError(
+            "INSERT", {}, Exception("duplicate"))
+
+    with pytest.raises(optuna.exceptions.StorageInternalError):
+        _storage._reconnecting(refused)(None)
+    assert calls == [1]  # a refused statement is not tried again
+
+    def always(self):
+        raise lost()
+
+    with pytest.raises(optuna.exceptions.StorageInternalError):
+        _storage._reconnecting(always)(None)

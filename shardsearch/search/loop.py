@@ -337,8 +337,10 @@ class _Runner:
                         RuntimeWarning, stacklevel=2)
             raise
         except BaseException:
-            # An error of ours: close the trial rather than leave it RUNNING.
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            # An error of ours: close the trial rather than leave it RUNNING
+            # (none when asking for it failed: its owner's death ends it).
+            if trial is not None:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
 
     def _one(self, trial: optuna.Trial, baseline: Candidate | None) -> TrialRecord:

@@ -52,7 +52,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ..evaluation.outcome import Outcome
 from .ownership import GRACE_SECONDS, OWNER_ATTR, Owner, fail_stale_trials, is_stale
 from .record import TrialRecord
-from .storage import is_resumable, storage_engine
+from .storage import is_resumable, reconnecting, storage_engine
 
 TABLE = "shardsearch_claims"
 # Seconds between looks at a claim another worker holds: short, as static
@@ -77,6 +77,7 @@ class _Rows:
         """Whether claims go through a database other processes can see."""
         return self._table is not None
 
+    @reconnecting
     def _insert(self, key: str, trial_number: int) -> bool:
         from sqlalchemy.exc import IntegrityError
 
@@ -143,12 +144,14 @@ class CompileClaims(_Rows):
             time.sleep(pause)
             pause = min(pause * 1.5, MAX_POLL_SECONDS)
 
+    @reconnecting
     def _holder(self, key: str) -> int | None:
         t = self._table
         with self._engine.connect() as conn:
             return conn.execute(t.select().with_only_columns(t.c.trial).where(
                 t.c.study == self.study.study_name, t.c.key == key)).scalar()
 
+    @reconnecting
     def _take_over(self, key: str, holder: int, trial_number: int) -> bool:
         t = self._table
         with self._engine.begin() as conn:
@@ -211,6 +214,7 @@ class Roster(_Rows):
         self._delete(gone)
         self._insert(self.key, _SEARCHING)
 
+    @reconnecting
     def _delete(self, keys: list[str]) -> None:
         if self._table is None or not keys:
             return
@@ -239,6 +243,7 @@ class Roster(_Rows):
         return CONFIRMED_HERE if self._insert(f"confirm:{generation}", _DONE) \
             else CONFIRMED_ELSEWHERE
 
+    @reconnecting
     def _set(self, trial: int) -> None:
         if self._table is None:
             return
@@ -248,6 +253,7 @@ class Roster(_Rows):
                                           t.c.key == self.key)
                          .values(trial=trial, claimed=time.time()))
 
+    @reconnecting
     def _rows(self) -> dict[str, tuple[int, float, str | None]]:
         t = self._table
         with self._engine.connect() as conn:

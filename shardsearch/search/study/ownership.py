@@ -172,19 +172,44 @@ def is_stale(trial: FrozenTrial, here: Owner | None = None, now: float | None = 
     return (time.time() if now is None else now) - last > GRACE_SECONDS
 
 
+def _never_taken(trial: FrozenTrial, settled: int) -> bool:
+    """A RUNNING trial no run ever took: no owner and no heartbeat, though a
+    trial created after it finished with its last beat more than the grace
+    period ago (`settled`, its number). A run writes both an instant after
+    creating its trial; what has neither that long after is an ask whose
+    answer was lost (the server restarted as it committed) and that the run
+    made again (`study.storage.ReconnectingStorage`). Only epoch seconds are
+    compared, and only across the grace period: a later trial that finished
+    a moment ago (a cache hit takes milliseconds) says nothing."""
+    return (OWNER_ATTR not in trial.user_attrs and HEARTBEAT_ATTR not in trial.user_attrs
+            and trial.number < settled)
+
+
 def fail_stale_trials(study: optuna.Study,
-                      trials: Sequence[FrozenTrial] | None = None) -> list[int]:
-    """Fails the study's stale RUNNING trials (or those among `trials`) as
-    "interrupted"; returns their numbers.
+                      trials: Sequence[FrozenTrial] | None = None,
+                      now: float | None = None) -> list[int]:
+    """Fails the study's stale RUNNING trials (or those among `trials`), and
+    those no run ever took (`_never_taken`), as "interrupted"; returns their
+    numbers.
 
     Two runs may do this at once: a trial another run failed first is skipped.
+    `now` (epoch seconds, default the clock) is when the heartbeats are judged.
     """
     if trials is None:
         trials = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    here, now = Owner.current(), time.time()
+    here, now = Owner.current(), time.time() if now is None else now
+    # The latest trial whose run beat more than the grace period ago: a trial
+    # created before it that still has no owner was never taken.
+    settled = -1
+    if any(OWNER_ATTR not in t.user_attrs and HEARTBEAT_ATTR not in t.user_attrs
+           for t in trials):  # read the finished trials only when one could be orphaned
+        settled = max((t.number for t in study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
+            if isinstance(beat := t.user_attrs.get(HEARTBEAT_ATTR), int | float)
+            and now - beat > GRACE_SECONDS), default=-1)
     failed = []
     for trial in trials:
-        if not is_stale(trial, here, now):
+        if not is_stale(trial, here, now) and not _never_taken(trial, settled):
             continue
         try:
             # Optuna has no public way to write to another process's trial.

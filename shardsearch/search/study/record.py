@@ -57,11 +57,16 @@ class TrialRecord:
     def from_trial(cls, trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
         """Rebuilds a record from a stored trial, or None for foreign trials.
 
-        A trial whose run stopped before recording it ("reason": "interrupted")
-        becomes a failed record with that reason and no rules.
+        A trial whose run stopped before recording it whole ("reason":
+        "interrupted") becomes a failed record with that reason and no rules; a
+        trial still being recorded gives None.
         """
         attrs = trial.user_attrs
-        if _attrs.OUTCOME not in attrs:
+        # The attributes go in one by one (`record_attrs`): a trial that another
+        # run is recording, or whose run died midway, has an outcome without its
+        # rules, and is not recorded yet (or, interrupted, never will be).
+        if not all(key in attrs for key in (_attrs.OUTCOME, _attrs.STATE_RULE,
+                                            _attrs.BATCH_RULE)):
             if trial.state != optuna.trial.TrialState.FAIL or \
                     attrs.get(REASON_ATTR) != INTERRUPTED:
                 return None

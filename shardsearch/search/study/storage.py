@@ -55,7 +55,8 @@ def open_study(storage: str | None, study_name: str, sampler: Any = None,
     try:
         for attempt in range(SCHEMA_ATTEMPTS):
             try:
-                opened = _sqlite_file_storage(url) if _is_sqlite_file(url) else url
+                opened = (_sqlite_file_storage(url) if _is_sqlite_file(url)
+                          else _server_storage(url))
                 if create:
                     return optuna.create_study(
                         storage=opened, study_name=study_name, sampler=sampler,
@@ -127,6 +128,108 @@ def _sqlite_file_storage(url: str) -> optuna.storages.RDBStorage:
     # Connections opened while Optuna created its tables lack the hooks.
     engine.dispose()
     return storage
+
+
+def _server_storage(url: Any) -> Any:
+    """An Optuna storage on a database server that outlives the server's restart.
+
+    A restart cuts every connection a worker holds. Pooled connections are
+    checked before each use (Optuna turns that on for MySQL only), and a call
+    that meets the server down or its connection cut is tried again for a
+    few seconds (`ReconnectingStorage`), instead of ending the search with
+    "terminating connection due to administrator command". SQLite files and
+    URLs that are not strings are left as they are.
+    """
+    if not isinstance(url, str) or url.startswith("sqlite"):
+        return url
+    return ReconnectingStorage(url, engine_kwargs={"pool_pre_ping": True})
+
+
+# Seconds between the tries of a storage call that lost its server: about
+# 12 s in all, long enough for a restart (about half a second measured by
+# tests/test_chaos.py) and short of the heartbeats' patience.
+RECONNECT_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 4.0)
+
+
+def _lost_server(err: BaseException) -> bool:
+    """Whether `err` is a server gone or a connection cut (retryable), not a
+    refused statement (an integrity error, a finished trial: final)."""
+    import sqlalchemy.exc
+
+    seen: BaseException | None = err
+    for _ in range(8):  # Optuna wraps SQLAlchemy's error, which may wrap the driver's
+        if seen is None:
+            return False
+        if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.connection_invalidated:
+            return True
+        # A session whose connection was cut mid-transaction refuses further
+        # use until rolled back (PendingRollbackError): the same lost server.
+        if isinstance(seen, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError
+                      | sqlalchemy.exc.PendingRollbackError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def reconnecting(fn: Any) -> Any:
+    """`fn`, tried again after `RECONNECT_DELAYS` while it fails for a lost
+    server (`_lost_server`); any other error is raised at once. For the
+    claims' own statements on the storage's database (`study.claims`)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for delay in RECONNECT_DELAYS:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:
+                if not _lost_server(err):
+                    raise
+                time.sleep(delay)
+        return fn(*args, **kwargs)
+
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+    return call
+
+
+def _reconnecting(method: Any) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for delay in RECONNECT_DELAYS:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as err:
+                if not _lost_server(err):
+                    raise
+                # The thread's session still holds the cut connection and its
+                # failed transaction: drop it, so the next try opens a new one.
+                with contextlib.suppress(Exception):
+                    self.scoped_session.remove()
+                time.sleep(delay)
+        return method(self, *args, **kwargs)
+
+    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    return call
+
+
+class ReconnectingStorage(optuna.storages.RDBStorage):
+    """`RDBStorage` whose calls are tried again while the server is away.
+
+    Every storage call of Optuna's interface is retried when it failed for a
+    lost server or a cut connection (`_lost_server`), after
+    `RECONNECT_DELAYS`; any other error is raised at once. A call whose
+    commit reached the server but whose answer was lost is made twice: for
+    `create_new_trial` that leaves a trial no run owns, which the study's
+    stale-trial check fails once a later trial has finished
+    (`study.ownership.fail_stale_trials`).
+    """
+
+
+# Optuna's interface, and the private calls its cache in front of an RDB
+# storage makes to it (`optuna.storages._CachedStorage`).
+_CALLS = [name for name, value in vars(optuna.storages.BaseStorage).items()
+          if not name.startswith("_") and callable(value)]
+_CALLS += [name for name in ("_create_new_trial", "_get_trials", "_set_trial_param",
+                             "_get_best_trial_id", "_get_stale_trial_ids")
+           if hasattr(optuna.storages.RDBStorage, name)]
+for _name in _CALLS:
+    setattr(ReconnectingStorage, _name, _reconnecting(getattr(optuna.storages.RDBStorage, _name)))
 
 
 # Workers started together on a new database all create Optuna's tables at
