@@ -80,7 +80,9 @@ def table(records: dict) -> str:
         within += ratio is not None and 0.75 <= ratio <= 1.25
         compiler = r.get("compiler_estimate")
         cratio = compiler / r["published_seconds"] if compiler else None
-        bound = (r.get("breakdown") or {}).get("bound", "-")
+        parts = r.get("breakdown") or {}
+        bound = (max(("compute", "memory"), key=lambda k: parts.get(k) or 0)
+                 if parts else "-")
         rows.append(
             f"| {entry_id} | {t['chip']} {t['topology']} | {r['plan']} | "
             f"{_gib(mem.get('total'))} ({_gib(r['chip_memory'])}) | {verdict} | "
