@@ -94,9 +94,19 @@ def test_main_in_process(capsys):
 
 
 def test_each_command_module_registers_one_subcommand(capsys):
-    from shardsearch.cli import bench, calibrate, confirm, explain, export, launch, optimize, show
+    from shardsearch.cli import (
+        bench,
+        calibrate,
+        confirm,
+        dashboard,
+        explain,
+        export,
+        launch,
+        optimize,
+        show,
+    )
 
-    modules = (optimize, export, show, explain, bench, calibrate, confirm, launch)
+    modules = (optimize, export, show, explain, bench, calibrate, confirm, launch, dashboard)
     assert sorted(c.name for c in _cli.COMMANDS) == sorted(m.__name__.rpartition(".")[2]
                                                           for m in modules)
     assert {id(c) for c in _cli.COMMANDS} == {id(m.COMMAND) for m in modules}

@@ -1,8 +1,9 @@
 """The `shardsearch` command line: parse, call the library, print.
 
 Each command lives in its own module (`optimize`, `export`, `show`, `explain`,
-`bench`, `calibrate`, `confirm`), which registers its options and its run function as a `Command`;
-this module assembles them and turns their errors into exit codes.
+`bench`, `calibrate`, `confirm`, `launch`, `dashboard`), which registers its
+options and its run function as a `Command`; this module assembles them and
+turns their errors into exit codes.
 
 Exit codes: 0 success; 1 the work failed (no candidate completed, a plan that
 does not fit the workload); 2 a usage error (bad option, unknown workload,
@@ -25,7 +26,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from .._version import __version__
-from . import bench, calibrate, confirm, explain, export, launch, optimize, show
+from . import bench, calibrate, confirm, dashboard, explain, export, launch, optimize, show
 from .args import Command, UsageError, WorkFailed
 
 
@@ -40,7 +41,7 @@ EXIT_CODES = ("exit codes: 0 success, 1 the work failed, 2 usage error, 130 inte
               "terminated")
 COMMANDS: tuple[Command, ...] = (optimize.COMMAND, export.COMMAND, show.COMMAND,
                                  explain.COMMAND, bench.COMMAND, calibrate.COMMAND,
-                                 confirm.COMMAND, launch.COMMAND)
+                                 confirm.COMMAND, launch.COMMAND, dashboard.COMMAND)
 # The shell's convention, 128 + the signal's number.
 INTERRUPTED, TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM
 

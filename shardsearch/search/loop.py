@@ -393,7 +393,7 @@ class _Runner:
                                  candidate.batch_rule.to_config(), time.perf_counter() - start)
             self._recorded[trial.number] = record
         try:
-            for key, value in (record_attrs(record)
+            for key, value in (record_attrs(record, candidate.readable)
                                | self.ctx.executor.trial_attrs(outcome)).items():
                 trial.set_user_attr(key, value)
             # Closed by another run between the writes and here: left as it is.

@@ -18,6 +18,12 @@ class Candidate:
       batch_rule: applied to every other argument (the batch).
       label: "search" for proposals, or the baseline's name ("replicated",
         "default", "fsdp", ...).
+      readable: the parameters that are codes, decoded, as `(name, text)`
+        pairs: `(("auto_order", "tp,dp"), ("priority", "auto,memory"))` for
+        the Lehmer codes `auto_order_<i>` and `priority_<i>`; empty for
+        baselines. Recorded beside the trial's params so that a study reads
+        without decoding (`study.record.readable_attrs`); not part of what the
+        candidate is (left out of equality).
 
     Example:
       `Candidate(AutoShardingRule(mesh), BatchShardingRule(("dp",)), "default")`
@@ -27,6 +33,7 @@ class Candidate:
     state_rule: ShardingRule
     batch_rule: ShardingRule
     label: str = "search"
+    readable: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for name in ("state_rule", "batch_rule"):

@@ -113,11 +113,14 @@ class Draft:
       rules: the state rules switched on so far, by name (a name of
         `SearchSpace.rule_names()`); the composition block orders them.
       state_rule, batch_rule: the candidate's rules, once a block has built them.
+      readable: the decoded values of coded parameters so far, as `(name,
+        text)` pairs (`with_readable`); they become `Candidate.readable`.
     """
 
     rules: tuple[tuple[str, ShardingRule], ...] = ()
     state_rule: ShardingRule | None = None
     batch_rule: ShardingRule | None = None
+    readable: tuple[tuple[str, str], ...] = ()
 
     def with_rule(self, name: str, rule: ShardingRule) -> Draft:
         """This draft with state rule `name` switched on."""
@@ -126,13 +129,24 @@ class Draft:
                              "give each block's rules their own names")
         return dataclasses.replace(self, rules=(*self.rules, (name, rule)))
 
+    def with_readable(self, name: str, text: str) -> Draft:
+        """This draft with the decoded value of coded parameters `name` noted.
+
+        Example: `draft.with_readable("auto_order", "tp,dp")` for the Lehmer
+        code `auto_order_0 = 1` over `("dp", "tp")`.
+        """
+        if any(n == name for n, _ in self.readable):
+            raise ValueError(f"Draft: two blocks noted a readable value named {name!r}; "
+                             "give each block's values their own names")
+        return dataclasses.replace(self, readable=(*self.readable, (name, text)))
+
     def candidate(self) -> Candidate:
         """The finished candidate."""
         missing = [n for n in ("state_rule", "batch_rule") if getattr(self, n) is None]
         if missing:
             raise ValueError(f"Draft: no block built {missing}; SearchSpace.blocks() needs "
                              "a CompositionBlock (state rule) and a BatchBlock (batch rule)")
-        return Candidate(self.state_rule, self.batch_rule)
+        return Candidate(self.state_rule, self.batch_rule, readable=self.readable)
 
 
 class ParamBlock(abc.ABC):

@@ -77,7 +77,8 @@ class AutoRuleBlock(ParamBlock):
     `auto_order_<i>` is the Lehmer code of the mesh-axis order; `auto_join_<i>`
     puts axis i+1 (in that order) in axis i's group, so that e.g. `('dp', 'tp')`
     together split one dim (FSDP over all devices); `auto_min_shard_size` takes
-    log-spaced choices; `auto_reverse` flips which dims go first.
+    log-spaced choices; `auto_reverse` flips which dims go first. The decoded
+    order is noted as the readable `auto_order` ("tp,dp", `Candidate.readable`).
     """
 
     def params(self, space: SearchSpace) -> tuple[Param, ...]:
@@ -96,6 +97,7 @@ class AutoRuleBlock(ParamBlock):
                 groups[-1].append(axis)
             else:
                 groups.append([axis])
+        draft = draft.with_readable("auto_order", ",".join(order))
         return draft.with_rule("auto", AutoShardingRule(
             space.mesh,
             axis_names=tuple(tuple(g) if len(g) > 1 else g[0] for g in groups),
@@ -145,7 +147,8 @@ class CompositionBlock(ParamBlock):
 
     `priority_<i>` is the Lehmer code of an order of `space.rule_names()`;
     rules switched off drop out of it. Comes after every block that switches
-    rules on.
+    rules on. The decoded order, switched-off rules included, is noted as
+    the readable `priority` ("memory,auto", `Candidate.readable`).
     """
 
     def params(self, space: SearchSpace) -> tuple[Param, ...]:
@@ -160,8 +163,10 @@ class CompositionBlock(ParamBlock):
                              f"SearchSpace.rule_names()={names}; list them there so a "
                              "priority code can order them")
         code = [values[f"priority_{i}"] for i in range(len(names) - 1)]
-        ordered = [enabled[n] for n in lehmer_decode(code, names) if n in enabled]
-        return dataclasses.replace(draft, state_rule=CompositeShardingRule(*ordered))
+        priority = lehmer_decode(code, names)
+        ordered = [enabled[n] for n in priority if n in enabled]
+        return dataclasses.replace(draft.with_readable("priority", ",".join(priority)),
+                                   state_rule=CompositeShardingRule(*ordered))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,3 +63,27 @@ PROCESS_STEP_TIMES = "process_step_times"
 """Each JAX process's own step times in a multi-process search. Written by
 `execution.lockstep` under `execution.distributed.PROCESS_TIMES_ATTR`
 (execution never imports study); `tests/test_layout.py` checks the two agree."""
+
+# ------------------------------------------------- a trial, for other readers
+# Copies of what the keys above store, in forms that optuna-dashboard's
+# tables and plots use as they are (numbers and short strings, one per key).
+# Nothing of ours reads them back: the stored "outcome" stays the record.
+READABLE_PREFIX = "readable_"
+"""Before the name of a decoded coded parameter (`Candidate.readable`):
+"readable_auto_order" = "tp,dp" beside the Lehmer digits `auto_order_<i>`,
+"readable_priority" = "auto,memory" beside `priority_<i>`. Search trials only."""
+STATUS = "status"
+"""The outcome's status: "complete", "cut" or "failed"."""
+CUT_STAGE = "cut_stage"
+"""The stage that cut the candidate ("check", "compile", "estimate",
+"measure"); absent unless cut (the outcome stores the stage's id)."""
+VALUE_SECONDS = "value_seconds"
+"""The objective's value in seconds; absent unless complete."""
+COMPILE_SECONDS = "compile_seconds"
+"""Lower + compile wall seconds; 0 when not compiled or reused."""
+MEMORY_TOTAL_BYTES = "memory_total_bytes"
+"""XLA's per-device total bytes; absent before compiling."""
+FLOPS = "flops"
+"""Flops per device per step; absent before compiling."""
+COLLECTIVE_BYTES = "collective_bytes"
+"""Bytes moved by collectives per device per step; absent before compiling."""

@@ -6,6 +6,13 @@ hardware model's seconds) and "breakdown" (their parts,
 `cost.breakdown.Breakdown.to_json()`; absent when the model gave only a
 number). The last two are attributes of their own, so the "outcome" of
 studies recorded before them keeps its form (`outcome_attrs`).
+
+Beside them, for readers other than shardsearch (optuna-dashboard's tables
+and plots): the outcome's figures as numbers ("status", "cut_stage",
+"value_seconds", "compile_seconds", "memory_total_bytes", "flops",
+"collective_bytes", `figure_attrs`) and the coded parameters decoded
+("readable_auto_order" = "tp,dp", `readable_attrs`). They copy what the
+record holds; `TrialRecord.from_trial` does not read them.
 """
 
 from __future__ import annotations
@@ -103,12 +110,46 @@ def _confirmed(summary: Any) -> bool:
     return isinstance(summary, dict) and bool(summary.get("confirmation"))
 
 
-def record_attrs(record: TrialRecord) -> dict[str, Any]:
+def record_attrs(record: TrialRecord,
+                 readable: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
     """The trial attributes that store a record: its seconds, label, outcome
-    (`outcome_attrs`) and rules."""
+    (`outcome_attrs`) and rules, then its figures (`figure_attrs`) and the
+    candidate's decoded parameters (`readable`, `Candidate.readable`;
+    `readable_attrs`)."""
     return {_attrs.SECONDS: record.seconds, _attrs.LABEL: record.label,
             **outcome_attrs(record.outcome), _attrs.STATE_RULE: record.state_rule,
-            _attrs.BATCH_RULE: record.batch_rule}
+            _attrs.BATCH_RULE: record.batch_rule, **figure_attrs(record.outcome),
+            **readable_attrs(readable)}
+
+
+def figure_attrs(outcome: Outcome) -> dict[str, Any]:
+    """The outcome's figures as plain attributes, each one a number or a short
+    string; a figure the outcome does not have is left out.
+
+    Example:
+      >>> figure_attrs(Outcome("ab12", "complete", value=0.01, compile_seconds=0.5))
+      {'status': 'complete', 'compile_seconds': 0.5, 'value_seconds': 0.01}
+    """
+    out: dict[str, Any] = {_attrs.STATUS: outcome.status.value,
+                           _attrs.COMPILE_SECONDS: float(outcome.compile_seconds)}
+    if outcome.cut_stage is not None:
+        out[_attrs.CUT_STAGE] = outcome.cut_stage.value
+    figures = ((_attrs.VALUE_SECONDS, outcome.value),
+               (_attrs.MEMORY_TOTAL_BYTES, outcome.memory.get("total")),
+               (_attrs.FLOPS, outcome.flops),
+               (_attrs.COLLECTIVE_BYTES, outcome.collective_bytes))
+    out.update((key, value) for key, value in figures if value is not None)
+    return out
+
+
+def readable_attrs(readable: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Decoded parameters as attributes, each name after `attrs.READABLE_PREFIX`.
+
+    Example:
+      >>> readable_attrs([("auto_order", "tp,dp")])
+      {'readable_auto_order': 'tp,dp'}
+    """
+    return {f"{_attrs.READABLE_PREFIX}{name}": text for name, text in readable}
 
 
 def outcome_attrs(outcome: Outcome) -> dict[str, Any]:
