@@ -30,11 +30,8 @@ ss.use_cpu_devices(1)
 
 import jax  # noqa: E402
 
-from shardsearch.base.mesh import parse_mesh  # noqa: E402
-from shardsearch.base.target import target_of  # noqa: E402
-from shardsearch.bench.published import estimate_published  # noqa: E402
-from shardsearch.bench.suite import load_suite  # noqa: E402
-from shardsearch.cost.chips import HARDWARE  # noqa: E402
+from shardsearch.bench import estimate_published, load_suite  # noqa: E402
+from shardsearch.search import target_of  # noqa: E402
 from shardsearch.workloads import get_workload  # noqa: E402
 
 GiB = 2**30
@@ -43,14 +40,14 @@ COMMAND = "python benchmarks/published-chip/run.py"
 
 def estimate_entry(suite, entry) -> dict:
     chip = entry.hardware or suite.hardware
-    dims, names = parse_mesh(entry.mesh)
+    dims, names = ss.parse_mesh(entry.mesh)
     mesh = ss.target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
     workload = get_workload(entry.workload_name)
     start = time.perf_counter()
-    record = estimate_published(workload, mesh, entry.published, HARDWARE[chip], entry.dcn_axes)
+    record = estimate_published(workload, mesh, entry.published, ss.HARDWARE[chip], entry.dcn_axes)
     record["seconds"] = time.perf_counter() - start
     record["target"] = target_of(mesh).to_json()
-    record["chip_memory"] = target_of(mesh).memory_bytes or HARDWARE[chip].memory_bytes
+    record["chip_memory"] = target_of(mesh).memory_bytes or ss.HARDWARE[chip].memory_bytes
     return record
 
 

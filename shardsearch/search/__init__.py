@@ -21,7 +21,11 @@ Also re-exported for extensions: `ProgramCost` and `Topology` (what a
 `parse_bytes`.
 """
 
+from ..base.target import TargetUnavailable as TargetUnavailable
+from ..base.target import target_of as target_of
+from ..base.target import uncached as uncached
 from ..base.units import parse_bytes as parse_bytes
+from ..cost.hlo import parse_hlo as parse_hlo
 from ..cost.program import ProgramCost as ProgramCost
 from ..cost.topology import Topology as Topology
 from ..plan.writer import plan_config as plan_config
@@ -65,9 +69,10 @@ from .study.storage import make_sampler as make_sampler
 __all__ = [
     "OBJECTIVES", "Candidate", "Context", "Executor", "Hybrid", "InProcess", "Objective",
     "OptimizeResult", "Outcome", "ProgramCost", "SearchSettings", "SearchSpace", "Stage",
-    "Status", "StudySetup", "Timing", "Topology", "TrialRecord", "baseline_candidates",
-    "baseline_plans", "compare_outputs", "confirm_study", "evaluate", "export_config",
-    "faster_than", "fingerprint", "get_objective", "make_context", "make_sampler",
-    "make_space", "median_ci", "optimize", "parse_bytes", "plan_config", "prepare",
-    "register_objective", "registered_kinds", "resolve", "retime", "rule_from_config",
+    "Status", "StudySetup", "TargetUnavailable", "Timing", "Topology", "TrialRecord",
+    "baseline_candidates", "baseline_plans", "compare_outputs", "confirm_study", "evaluate",
+    "export_config", "faster_than", "fingerprint", "get_objective", "make_context",
+    "make_sampler", "make_space", "median_ci", "optimize", "parse_bytes", "parse_hlo",
+    "plan_config", "prepare", "register_objective", "registered_kinds", "resolve", "retime",
+    "rule_from_config", "target_of", "uncached",
 ]
