@@ -15,7 +15,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from side_by_side import run_side_by_side
 
 import shardsearch as ss
 from shardsearch import bench
@@ -364,23 +364,11 @@ def exited(folder):
     spends its time importing jax): `(exit code, stderr)` by case id."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
-    procs = {}
-    try:
-        for case, argv, _words in SUBPROCESS_CASES:
-            argv = [a.replace("{d}", str(folder)) for a in argv]
-            procs[case] = subprocess.Popen(
-                [sys.executable, "-m", "shardsearch", *argv], cwd=folder, env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        done = {}
-        for case, proc in procs.items():
-            _out, err = proc.communicate(timeout=120)
-            done[case] = (proc.returncode, err)
-        return done
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    commands = {case: [sys.executable, "-m", "shardsearch",
+                       *(a.replace("{d}", str(folder)) for a in argv)]
+                for case, argv, _words in SUBPROCESS_CASES}
+    return {case: (done.returncode, done.stderr)
+            for case, done in run_side_by_side(commands, folder, env).items()}
 
 
 @pytest.mark.parametrize(("case", "argv", "words"), SUBPROCESS_CASES,

@@ -2,11 +2,11 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from side_by_side import run_side_by_side
 
 import shardsearch as ss
 from shardsearch.cli import main as _cli
@@ -32,23 +32,10 @@ def ran():
     spends its time importing jax): a CompletedProcess by name. The console
     script's is None when it is not installed."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    procs = {}
-    try:
-        for name, argv in COMMANDS.items():
-            if name == "version" and not SCRIPT.exists():
-                continue
-            procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                           text=True, env=env, cwd=Path(__file__).parent)
-        done = {name: None for name in COMMANDS}
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=120)
-            done[name] = subprocess.CompletedProcess(COMMANDS[name], proc.returncode, out, err)
-        return done
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    commands = {name: argv for name, argv in COMMANDS.items()
+                if name != "version" or SCRIPT.exists()}
+    return {name: None for name in COMMANDS} | run_side_by_side(
+        commands, Path(__file__).parent, env)
 
 
 def test_console_script_version(ran):

@@ -242,22 +242,23 @@ def compile_and_score(
         return candidate.outcome(
             CUT, cut_stage=Stage.COMPILE,
             reason=f"over the chip's memory: {ctx.target.chip}'s compiler needs "
-                   f"{memory['total']} bytes per device (arguments {memory['argument']} + "
-                   f"outputs {memory['output']} + temporaries {memory['temp']} - aliased "
-                   f"{memory['alias']}), over its {chip_memory}")
+                   f"{_needs(memory)}, over its {chip_memory}")
     if ctx.budget is not None and memory["total"] > ctx.budget:
-        return candidate.outcome(
-            CUT, cut_stage=Stage.COMPILE,
-            reason=f"XLA needs {memory['total']} bytes per device (arguments "
-                   f"{memory['argument']} + outputs {memory['output']} + temporaries "
-                   f"{memory['temp']} - aliased {memory['alias']}), over the budget of "
-                   f"{ctx.budget}")
+        return candidate.outcome(CUT, cut_stage=Stage.COMPILE,
+                                 reason=f"XLA needs {_needs(memory)}, over the budget of "
+                                        f"{ctx.budget}")
     if not run and ctx.objective.needs_host_args:
         return candidate.outcome(COMPLETE)
     try:
         return ctx.objective.score(candidate, ctx, report)
     except Exception as err:  # a step that raises on the devices fails this candidate only
         return candidate.outcome(FAILED, reason=f"step raised while measuring: {error_line(err)}")
+
+
+def _needs(memory: dict[str, int]) -> str:
+    """XLA's memory figures as a compile-stage cut states them."""
+    return (f"{memory['total']} bytes per device (arguments {memory['argument']} + outputs "
+            f"{memory['output']} + temporaries {memory['temp']} - aliased {memory['alias']})")
 
 
 def over_chip_memory(err: BaseException) -> str | None:
