@@ -18,8 +18,9 @@ from typing import Any
 
 import equinox as eqx
 import jax
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
+
+from .base.mesh import named_shardings
 
 
 def train_step(model: Any, optimizer: Any, loss_fn: Callable[..., Any],
@@ -56,8 +57,7 @@ def train_step(model: Any, optimizer: Any, loss_fn: Callable[..., Any],
 
 def shardings(specs: Any, mesh: Mesh) -> Any:
     """A spec tree as `NamedSharding`s on `mesh`."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                        is_leaf=lambda s: isinstance(s, P))
+    return named_shardings(mesh, specs)
 
 
 def apply_plan(model: Any, param_specs: Any, mesh: Mesh) -> Any:

@@ -21,8 +21,9 @@ from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
+
+from .base.mesh import named_shardings
 
 
 def train_step(model: nnx.Module, optimizer: Any, loss_fn: Callable[..., Any],
@@ -66,8 +67,7 @@ def train_step(model: nnx.Module, optimizer: Any, loss_fn: Callable[..., Any],
 def shardings(specs: Any, mesh: Mesh) -> Any:
     """A spec tree (`OptimizeResult.best_specs[i]`, `ShardingPlan.apply(...)[i]`) as
     `NamedSharding`s on `mesh`, the boxes kept."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                        is_leaf=lambda s: isinstance(s, P))
+    return named_shardings(mesh, specs)
 
 
 def apply_plan(model: nnx.Module, param_specs: Any, mesh: Mesh) -> nnx.Module:

@@ -228,3 +228,12 @@ def _check_axis_names(names: tuple[str, ...], where: str) -> None:
                 f"{where}: axis {name!r} is listed twice in {names}; give each axis a "
                 "distinct name")
         seen.append(name)
+
+
+def named_shardings(mesh: AnyMesh, specs: Any) -> Any:
+    """A tree of PartitionSpecs as `NamedSharding`s on `mesh`, same structure.
+
+    Example: `named_shardings(mesh, {"w": P("tp")})` → `{"w": NamedSharding(mesh, P("tp"))}`.
+    """
+    return jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
+                        is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))

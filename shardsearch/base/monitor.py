@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from . import mesh as _mesh
 from . import spec as _spec
@@ -31,9 +31,7 @@ def _signature(args: tuple[Any, ...], specs: Any) -> tuple[Any, ...]:
     return treedef, shapes, tuple(_spec.canonical(s) for s in spec_leaves)
 
 
-def _named(mesh: Any, specs: Any) -> Any:
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                        is_leaf=lambda s: isinstance(s, PartitionSpec))
+_named = _mesh.named_shardings
 
 
 def compile_within(lowered: Callable[[], Any], timeout: float | None) -> tuple[Any, float]:
