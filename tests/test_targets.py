@@ -283,3 +283,20 @@ def test_target_usage_errors_are_one_line(argv, words, tmp_path, capsys):
     code = main(["optimize", "--workload", "mlp:tiny", "--mesh", mesh, "--trials", "1", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and words in err[0], err
+
+
+def test_a_mesh_that_cannot_follow_the_physical_axes_says_so(monkeypatch):
+    _need("tpu")
+    from jax.experimental import mesh_utils
+
+    real = mesh_utils.create_device_mesh
+
+    def picky(sizes, devices, **options):
+        if not options.get("allow_split_physical_axes"):
+            raise NotImplementedError("no physical mapping for this shape")
+        return real(sizes, devices, **options)
+
+    monkeypatch.setattr(mesh_utils, "create_device_mesh", picky)
+    with pytest.warns(_target.TargetLayoutWarning, match="does not map onto the chips"):
+        mesh = ss.target_mesh("tpu-v5e", {"dp": 2, "tp": 2})
+    assert mesh.shape == {"dp": 2, "tp": 2}

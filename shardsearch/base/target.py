@@ -31,6 +31,13 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from . import mesh as _mesh
+from .warnings import ShardsearchWarning
+
+
+class TargetLayoutWarning(ShardsearchWarning):
+    """A target mesh's axes could not follow the chips' physical axes."""
+
 
 class TargetUnavailable(RuntimeError):
     """The compiler plugin a target needs is not installed; the message names
@@ -324,9 +331,8 @@ def target_mesh(
     if not isinstance(axes, Mapping) or not axes:
         raise ValueError(f"{where}: axes must be a non-empty dict of name -> size, got {axes!r}")
     names, sizes = tuple(axes), tuple(axes.values())
+    _mesh._check_axis_names(names, where)
     for name, size in axes.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{where}: axis name {name!r} must be a non-empty string")
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"{where}: axis {name!r} has size {size!r}; sizes are positive "
                              "integers")
@@ -389,8 +395,11 @@ def _device_grid(sizes: tuple[int, ...], devices: Sequence[Any]) -> np.ndarray:
 
     try:
         return mesh_utils.create_device_mesh(sizes, list(devices))
-    except (ValueError, NotImplementedError, AssertionError):
-        # Shapes the physical-layout mapping does not cover: devices in id order.
+    except (ValueError, NotImplementedError, AssertionError) as err:
+        warnings.warn(TargetLayoutWarning(
+            f"mesh {sizes} does not map onto the chips' physical axes ({err}); its axes "
+            "split physical ones, so the compiler's collectives may differ from a "
+            "real slice's laid out by JAX"), stacklevel=3)
         return mesh_utils.create_device_mesh(sizes, list(devices),
                                              allow_split_physical_axes=True)
 

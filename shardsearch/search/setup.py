@@ -264,8 +264,9 @@ def _default_budget(ctx: Context) -> int | None:
     for an objective that runs nothing, the hardware model's memory (a named
     chip's HBM) when it states one, since the plan is for that chip; else the
     memory JAX reports for the devices at hand."""
-    if ctx.chip_memory() is not None:
-        return ctx.chip_memory()
+    chip = ctx.chip_memory()
+    if chip is not None:
+        return chip
     if not ctx.objective.needs_host_args:
         try:
             model = ctx.hardware_model()

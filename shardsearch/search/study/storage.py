@@ -171,10 +171,12 @@ def _lost_server(err: BaseException) -> bool:
     return False
 
 
-def reconnecting(fn: Any) -> Any:
+def reconnecting(fn: Any, on_lost: Any = None) -> Any:
     """`fn`, tried again after `RECONNECT_DELAYS` while it fails for a lost
-    server (`_lost_server`); any other error is raised at once. For the
-    claims' own statements on the storage's database (`study.claims`)."""
+    server (`_lost_server`); any other error is raised at once. `on_lost`
+    (called with `fn`'s arguments) runs before each new try. For the claims'
+    own statements on the storage's database (`study.claims`) and every call
+    of `ReconnectingStorage`."""
     def call(*args: Any, **kwargs: Any) -> Any:
         for delay in RECONNECT_DELAYS:
             try:
@@ -182,6 +184,8 @@ def reconnecting(fn: Any) -> Any:
             except Exception as err:
                 if not _lost_server(err):
                     raise
+                if on_lost is not None:
+                    on_lost(*args, **kwargs)
                 time.sleep(delay)
         return fn(*args, **kwargs)
 
@@ -189,23 +193,11 @@ def reconnecting(fn: Any) -> Any:
     return call
 
 
-def _reconnecting(method: Any) -> Any:
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for delay in RECONNECT_DELAYS:
-            try:
-                return method(self, *args, **kwargs)
-            except Exception as err:
-                if not _lost_server(err):
-                    raise
-                # The thread's session still holds the cut connection and its
-                # failed transaction: drop it, so the next try opens a new one.
-                with contextlib.suppress(Exception):
-                    self.scoped_session.remove()
-                time.sleep(delay)
-        return method(self, *args, **kwargs)
-
-    call.__name__, call.__doc__ = method.__name__, method.__doc__
-    return call
+def _drop_session(storage: Any, *args: Any, **kwargs: Any) -> None:
+    """The thread's session still holds the cut connection and its failed
+    transaction: drop it, so the next try opens a new one."""
+    with contextlib.suppress(Exception):
+        storage.scoped_session.remove()
 
 
 class ReconnectingStorage(optuna.storages.RDBStorage):
@@ -229,7 +221,8 @@ _CALLS += [name for name in ("_create_new_trial", "_get_trials", "_set_trial_par
                              "_get_best_trial_id", "_get_stale_trial_ids")
            if hasattr(optuna.storages.RDBStorage, name)]
 for _name in _CALLS:
-    setattr(ReconnectingStorage, _name, _reconnecting(getattr(optuna.storages.RDBStorage, _name)))
+    setattr(ReconnectingStorage, _name,
+            reconnecting(getattr(optuna.storages.RDBStorage, _name), on_lost=_drop_session))
 
 
 # Workers started together on a new database all create Optuna's tables at
