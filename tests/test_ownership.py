@@ -178,7 +178,9 @@ def test_a_storage_call_that_lost_its_server_is_tried_again(monkeypatch):
             raise lost()
         return n * 2
 
-    assert _storage._reconnecting(flaky)(None, 21) == 42 and len(calls) == 3
+    dropped = []
+    assert _storage.reconnecting(flaky, on_lost=lambda *a: dropped.append(a))(None, 21) == 42
+    assert len(calls) == 3 and dropped == [(None, 21)] * 2  # the cut session dropped each time
     calls.clear()
 
     def refused(self):
@@ -187,11 +189,11 @@ def test_a_storage_call_that_lost_its_server_is_tried_again(monkeypatch):
             "INSERT", {}, Exception("duplicate"))
 
     with pytest.raises(optuna.exceptions.StorageInternalError):
-        _storage._reconnecting(refused)(None)
+        _storage.reconnecting(refused)(None)
     assert calls == [1]  # a refused statement is not tried again
 
     def always(self):
         raise lost()
 
     with pytest.raises(optuna.exceptions.StorageInternalError):
-        _storage._reconnecting(always)(None)
+        _storage.reconnecting(always)(None)
