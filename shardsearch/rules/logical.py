@@ -240,21 +240,7 @@ class LogicalAxisRule(ShardingRule):
         if isinstance(rules, str | bytes) or not isinstance(rules, Sequence):
             raise TypeError(f"{where}: rules must be a list of (logical name, mesh axes) "
                             f"pairs, got {type(rules).__name__}")
-        pairs: list[tuple[str, AxisEntry | None]] = []
-        for i, item in enumerate(rules):
-            if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(
-                    item[0], str):
-                raise TypeError(f"{where}: rules[{i}] = {item!r} is not a (logical name, "
-                                "mesh axes) pair")
-            pairs.append((item[0], normalise_entry(item[1], f"{where}: rules[{i}]")))
-        if mesh is not None:
-            sizes = _mesh.axis_sizes(_mesh.resolve_mesh(mesh))
-            unknown = [(n, a) for n, e in pairs for a in _spec.entry_axes(e) if a not in sizes]
-            if unknown:
-                raise ValueError(
-                    f"{where}: logical axis {unknown[0][0]!r} is mapped to mesh axis "
-                    f"{unknown[0][1]!r}, which is not in the mesh {tuple(sizes)}; map it to "
-                    "null or use a mesh that has that axis")
+        pairs = _checked_pairs(rules, "rules", mesh, where)
         axes = names if isinstance(names, LogicalAxes) else _boxed_axes(names)
         known = {a.name for a in axes.axes}
         first: dict[str, AxisEntry | None] = {}
@@ -811,6 +797,29 @@ def flax_rules_json(
     return out
 
 
+
+def _checked_pairs(items: Iterable[Any], label: str, mesh: _mesh.AnyMesh | None,
+                   where: str) -> list[tuple[str, AxisEntry | None]]:
+    """`(logical name, mesh axes)` pairs, each entry normalised; an item that
+    is not such a pair is a TypeError naming `label[i]`, a mesh axis `mesh`
+    lacks a ValueError."""
+    pairs: list[tuple[str, AxisEntry | None]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(
+                item[0], str):
+            raise TypeError(f"{where}: {label}[{i}] = {item!r} is not a (logical name, "
+                            "mesh axes) pair")
+        pairs.append((item[0], normalise_entry(item[1], f"{where}: {label}[{i}]")))
+    if mesh is not None:
+        sizes = _mesh.axis_sizes(_mesh.resolve_mesh(mesh))
+        unknown = [(n, a) for n, e in pairs for a in _spec.entry_axes(e) if a not in sizes]
+        if unknown:
+            raise ValueError(
+                f"{where}: logical axis {unknown[0][0]!r} is mapped to mesh axis "
+                f"{unknown[0][1]!r}, which is not in the mesh {tuple(sizes)}; map it to "
+                "null or use a mesh that has that axis")
+    return pairs
+
 @dataclasses.dataclass(frozen=True, init=False)
 class FlaxBoxRule(ShardingRule):
     """Flax's `logical_axis_rules` on the logical names the arguments carry.
@@ -834,23 +843,7 @@ class FlaxBoxRule(ShardingRule):
     kind: ClassVar[str] = "flax-boxes"
 
     def __init__(self, mesh: _mesh.AnyMesh | None, pairs: Iterable[Any]) -> None:
-        where = "FlaxBoxRule"
-        checked = []
-        for i, item in enumerate(pairs):
-            if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(
-                    item[0], str):
-                raise TypeError(f"{where}: pairs[{i}] = {item!r} is not a (logical name, "
-                                "mesh axes) pair")
-            checked.append((item[0], normalise_entry(item[1], f"{where}: pairs[{i}]")))
-        if mesh is not None:
-            sizes = _mesh.axis_sizes(_mesh.resolve_mesh(mesh))
-            unknown = [(n, a) for n, e in checked for a in _spec.entry_axes(e)
-                       if a not in sizes]
-            if unknown:
-                raise ValueError(
-                    f"{where}: logical axis {unknown[0][0]!r} is mapped to mesh axis "
-                    f"{unknown[0][1]!r}, which is not in the mesh {tuple(sizes)}; map it to "
-                    "null or use a mesh that has that axis")
+        checked = _checked_pairs(pairs, "pairs", mesh, "FlaxBoxRule")
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "pairs", tuple(checked))
 
