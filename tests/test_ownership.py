@@ -156,6 +156,15 @@ def test_a_trial_no_run_ever_took_is_failed_once_a_later_one_finished(tmp_path):
     study.tell(settled, 1.0)
     assert fail_stale_trials(study) == [orphan.number]
     assert study.trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    # A baseline claim enqueued early and popped only now has an early number
+    # and no owner for an instant: not an orphan (seen in the 120 s kill drill).
+    study.enqueue_trial({}, user_attrs={attrs.LABEL: "dp"})
+    study.add_trial(optuna.trial.create_trial(
+        value=1.0, user_attrs={attrs.HEARTBEAT: time.time() - _own.GRACE_SECONDS - 1}))
+    popped = study.ask()
+    assert popped.user_attrs[attrs.LABEL] == "dp"
+    assert fail_stale_trials(study) == []
+    assert study.trials[popped.number].state == optuna.trial.TrialState.RUNNING
 
 
 def test_a_storage_call_that_lost_its_server_is_tried_again(monkeypatch):

@@ -181,8 +181,11 @@ def _never_taken(trial: FrozenTrial, settled: int) -> bool:
     made again (`study.storage.ReconnectingStorage`). Only epoch seconds are
     compared, and only across the grace period: a later trial that finished
     a moment ago (a cache hit takes milliseconds) says nothing."""
+    # An enqueued baseline claim (it carries its label from the start) keeps
+    # its early number when a run pops it much later: its number says nothing
+    # of when it became RUNNING.
     return (OWNER_ATTR not in trial.user_attrs and HEARTBEAT_ATTR not in trial.user_attrs
-            and trial.number < settled)
+            and LABEL_ATTR not in trial.user_attrs and trial.number < settled)
 
 
 def fail_stale_trials(study: optuna.Study,
