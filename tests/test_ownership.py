@@ -206,3 +206,48 @@ def test_a_storage_call_that_lost_its_server_is_tried_again(monkeypatch):
 
     with pytest.raises(optuna.exceptions.StorageInternalError):
         _storage.reconnecting(always)(None)
+
+
+def test_two_runs_failing_one_dead_trial_at_once_both_go_on(tmp_path):
+    # Seen in the 120 s kill drill under CI: two workers found the same killed
+    # worker's trial stale; both wrote its reason, one closed it first, and the
+    # other's `tell` raised "Trial#157 has already finished", ending its run.
+    from shardsearch.search.study.ownership import fail_stale_trials
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    gone = _own.Owner.current()
+    gone = _own.Owner(gone.host, int(dead.stdout), gone.boot, gone.pid_namespace, 1)
+    trial = study.ask()
+    trial.set_user_attr(attrs.OWNER, gone.to_json())
+    trial.set_user_attr(attrs.HEARTBEAT, time.time())
+    other = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
+    close = study._storage.set_trial_state_values
+
+    def the_other_run_closes_it_first(trial_id, state, values=None):
+        # Between this run's look (still RUNNING) and its write.
+        other.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        return close(trial_id, state, values)
+
+    study._storage.set_trial_state_values = the_other_run_closes_it_first
+    assert fail_stale_trials(study) == []  # the other run failed it, not this one
+    assert study.trials[trial.number].state == TrialState.FAIL
+
+
+def test_an_error_in_a_trial_another_run_closed_is_the_error_reported(
+        tmp_path, mesh24, monkeypatch):
+    # Closing the trial on the way out must not replace the error with
+    # "Trial#N has already finished".
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    other = optuna.create_study(storage=storage, study_name="s")
+
+    def evaluate(specs, fp, ctx, report=None, **options):
+        running = other.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        other.tell(running[0].number, state=TrialState.FAIL)
+        raise ValueError("an error of ours")
+
+    monkeypatch.setattr(_evaluate, "evaluate", evaluate)
+    with pytest.raises(ValueError, match="an error of ours"):
+        ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=2,
+                    storage=storage, study_name="s", **STATIC)

@@ -339,8 +339,12 @@ class _Runner:
         except BaseException:
             # An error of ours: close the trial rather than leave it RUNNING
             # (none when asking for it failed: its owner's death ends it).
+            # Already closed (recorded, or by a run that took this one for
+            # dead): the error that got here is the one to report.
             if trial is not None:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    self.study.tell(trial, state=optuna.trial.TrialState.FAIL,
+                                    skip_if_finished=True)
             raise
 
     def _one(self, trial: optuna.Trial, baseline: Candidate | None) -> TrialRecord:

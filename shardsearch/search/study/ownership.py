@@ -195,7 +195,8 @@ def fail_stale_trials(study: optuna.Study,
     those no run ever took (`_never_taken`), as "interrupted"; returns their
     numbers.
 
-    Two runs may do this at once: a trial another run failed first is skipped.
+    Two runs may do this at once: a trial another run failed first, even
+    between this run's look and its write, is skipped.
     `now` (epoch seconds, default the clock) is when the heartbeats are judged.
     """
     if trials is None:
@@ -217,9 +218,11 @@ def fail_stale_trials(study: optuna.Study,
         try:
             # Optuna has no public way to write to another process's trial.
             study._storage.set_trial_user_attr(trial._trial_id, REASON_ATTR, INTERRUPTED)
+            # `skip_if_finished` looks before it writes: another run may close
+            # the trial in between, and the write then refuses.
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
-        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         failed.append(trial.number)
     return failed
 
