@@ -286,3 +286,21 @@ def test_a_baseline_slower_in_every_round_does_not_tie_for_its_memory():
         == "dp"
     overlapping = [13.0, 11.9, 12.8]
     assert pick_winner([("dp", dp, True, 400), ("fsdp", overlapping, True, 100)])[0] == "fsdp"
+
+
+def test_the_plan_picked_for_its_memory_ties_with_every_faster_tied_plan():
+    # Seen under CI in the NNX example: replicated was fastest with a wide
+    # 3-round interval that overlapped both dp's and fsdp's, so both "tied"
+    # with it, and fsdp won for its memory though every round of it was slower
+    # than every round of dp (13.9 ms against 9.1 ms).
+    from shardsearch.search.finish import pick_winner
+
+    replicated = [8.1, 12.0, 8.6]
+    dp = [9.1, 8.6, 9.7]
+    fsdp = [13.9, 11.5, 15.0]
+    finalists = [("replicated", replicated, True, 900), ("dp", dp, True, 400),
+                 ("fsdp", fsdp, True, 100)]
+    assert pick_winner(finalists)[0] == "dp"
+    # Where fsdp is as fast as dp too, its memory wins again.
+    finalists[2] = ("fsdp", [9.4, 8.9, 9.9], True, 100)
+    assert pick_winner(finalists)[0] == "fsdp"

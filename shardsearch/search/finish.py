@@ -144,7 +144,8 @@ def pick_winner(
       the plan a person already knows is the better answer;
     - when the winner is a baseline, the baselines it is not significantly
       faster than, and whose medians' 95% intervals overlap its own, tie
-      with it, and of those the one with the smallest
+      with it; of those that also tie with every tied baseline faster than
+      them, the one with the smallest
       per-device memory wins (unknown memory counts as largest): the same
       speed with more headroom, and a choice that does not flip between two
       runs with the noise (data parallel against FSDP on a simulated mesh).
@@ -164,6 +165,11 @@ def pick_winner(
         winner = base
     if winner[2]:
         tied = [f for f in order if f[2] and (f is winner or _ties(winner[1], f[1]))]
+        # A tie is not transitive: through a fastest plan with a wide interval,
+        # two plans may both tie with it while one is slower in every round
+        # than the other. A plan wins on memory only if it ties with every
+        # tied plan faster than it.
+        tied = [f for i, f in enumerate(tied) if all(_ties(g[1], f[1]) for g in tied[:i])]
         winner = min(tied, key=_footprint)  # stable: the faster on equal memory
     runner_up = next(f for f in order if f is not winner)
     return winner[0], "faster" if _confirm.faster_than(winner[1], runner_up[1]) else "tie"
