@@ -500,3 +500,40 @@ def test_a_custom_shape_takes_a_remat_policy():
     def temporaries(w):
         return jax.jit(w.step).lower(*w.abstract()).compile().memory_analysis().temp_size_in_bytes
     assert temporaries(selective) > temporaries(full)
+
+
+def test_a_chunked_loss_gives_the_same_loss_and_gradients():
+    # A loss over blocks of positions (loss_chunk) must not change the numbers.
+    from shardsearch.workloads import _params
+
+    for module, config in ((_llama, _llama.LlamaConfig(
+            batch=4, seq=16, vocab=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+            d_ff=64, stacked=True, remat=True)),
+            (_gpt, _gpt.GPTConfig(batch=4, seq=16, vocab=64, d_model=32, n_layers=2,
+                                  n_heads=4, d_ff=64))):
+        params = _params.materialize(module.param_spec(config), np.random.default_rng(0))
+        if config.stacked:
+            params["layers"] = _params.stack_layers(params["layers"])
+        params = jax.tree.map(jnp.asarray, params)
+        tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, 64)
+        batch = {"tokens": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+
+        def loss(p, cfg=config, m=module):
+            return m.loss_fn(cfg, p, batch)[0]
+
+        whole, g_whole = jax.value_and_grad(loss)(params)
+        chunked = functools.partial(loss, cfg=dataclasses.replace(config, loss_chunk=4))
+        parts, g_parts = jax.value_and_grad(chunked)(params)
+        np.testing.assert_allclose(parts, whole, rtol=1e-5)
+        for a, b in zip(jax.tree.leaves(g_parts), jax.tree.leaves(g_whole), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_custom_shape_takes_a_loss_chunk_that_divides_seq():
+    shape = {"layers": 2, "d_model": 64, "heads": 4, "d_ff": 128, "vocab": 256, "seq": 32,
+             "batch": 8}
+    w = wl.get_workload("gpt:custom", **shape, loss_chunk=8)
+    assert '"loss_chunk":8' in w.name and wl.get_workload(w.name).name == w.name
+    assert "loss_chunk" not in wl.get_workload("gpt:custom", **shape).name
+    with pytest.raises(ValueError, match="loss_chunk=12 does not divide seq=32"):
+        wl.get_workload("llama:custom", **shape, loss_chunk=12)

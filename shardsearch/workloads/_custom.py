@@ -27,9 +27,13 @@ Keys (all sizes positive ints):
            runs used, `_layers.causal_attention`; default the whole
            score matrix), remat ("full", the default: a block keeps only
            its input; "selective": also its projections' outputs, as
-           Megatron-LM's selective recompute; `_layers.REMAT_POLICIES`)
+           Megatron-LM's selective recompute; `_layers.REMAT_POLICIES`),
+           loss_chunk (positions per block of the loss, dividing seq: the
+           logits made and dropped a block at a time,
+           `_train.token_cross_entropy`; default all at once)
     gpt:   layers, d_model, heads, d_ff, vocab, seq, batch (required);
-           compute_dtype, activation_sharding, attention_chunk, remat
+           compute_dtype, activation_sharding, attention_chunk, remat,
+           loss_chunk
 """
 
 from __future__ import annotations
@@ -52,9 +56,10 @@ _REQUIRED = ("layers", "d_model", "heads", "d_ff", "vocab", "seq", "batch")
 # model -> every key, in the order the canonical name spells them.
 KEYS: dict[str, tuple[str, ...]] = {
     "llama": ("layers", "d_model", "heads", "kv_heads", "head_dim", "d_ff", "vocab", "seq",
-              "batch", "compute_dtype", "activation_sharding", "attention_chunk", "remat"),
+              "batch", "compute_dtype", "activation_sharding", "attention_chunk", "remat",
+              "loss_chunk"),
     "gpt": ("layers", "d_model", "heads", "d_ff", "vocab", "seq", "batch", "compute_dtype",
-            "activation_sharding", "attention_chunk", "remat"),
+            "activation_sharding", "attention_chunk", "remat", "loss_chunk"),
 }
 _NOT_SIZES = ("compute_dtype", "activation_sharding", "remat")
 
@@ -138,10 +143,11 @@ def _check_divisible(model: str, spec: Mapping[str, Any], at: str) -> None:
                 f"{what} as a multiple of {by}" + (
                     " or give head_dim" if (what, by) == ("d_model", "heads")
                     and model == "llama" else ""))
-    chunk = spec.get("attention_chunk")
-    if chunk is not None and spec["seq"] % chunk:
-        raise ValueError(f"{at}{model}:{CUSTOM}: attention_chunk={chunk} does not divide "
-                         f"seq={spec['seq']}; pick a divisor of seq")
+    for key in ("attention_chunk", "loss_chunk"):
+        chunk = spec.get(key)
+        if chunk is not None and spec["seq"] % chunk:
+            raise ValueError(f"{at}{model}:{CUSTOM}: {key}={chunk} does not divide "
+                             f"seq={spec['seq']}; pick a divisor of seq")
     head_dim = spec.get("head_dim", spec["d_model"] // spec["heads"])
     if model == "llama" and head_dim % 2:
         raise ValueError(f"{at}{model}:{CUSTOM}: head_dim={head_dim} must be even (rotary "
@@ -157,7 +163,8 @@ def _config(model: str, spec: Mapping[str, Any], dtype: str,
               "remat": True if spec.get("remat", "full") == "full" else spec["remat"],
               "abstract_only": True, "compute_dtype": dtype,
               "activation_sharding": activations,
-              "attention_chunk": spec.get("attention_chunk")}
+              "attention_chunk": spec.get("attention_chunk"),
+              "loss_chunk": spec.get("loss_chunk")}
     if model == "gpt":
         return _gpt.GPTConfig(**common)
     head_dim = spec.get("head_dim")
@@ -176,7 +183,8 @@ def _resolved(model: str, config: Any) -> dict[str, Any]:
                                       if config.activation_sharding else None),
               "attention_chunk": config.attention_chunk,
               # The default (full) stays out of the name, as it always was.
-              "remat": None if config.remat is True else config.remat}
+              "remat": None if config.remat is True else config.remat,
+              "loss_chunk": config.loss_chunk}
     return {k: values[k] for k in KEYS[model] if values[k] is not None}
 
 

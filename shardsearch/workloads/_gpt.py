@@ -56,6 +56,9 @@ class GPTConfig:
         attention_chunk: queries per block of memory-bounded attention
             (`_layers.causal_attention`'s `chunk`); None: the whole score
             matrix at once.
+        loss_chunk: positions per block of the loss
+            (`_train.token_cross_entropy`'s `chunk`); None: all the logits
+            at once.
         activation_sharding: pins the activations' batch dim to mesh axes
             (`_activations.ActivationSharding`); None: XLA decides.
     """
@@ -74,6 +77,7 @@ class GPTConfig:
     compute_dtype: str = "float32"
     activation_sharding: _activations.ActivationSharding | None = None
     attention_chunk: int | None = None
+    loss_chunk: int | None = None
 
     def __post_init__(self):
         _workload.check_positive(
@@ -169,7 +173,8 @@ def loss_fn(cfg: GPTConfig, params: dict, batch: dict) -> tuple[jax.Array, dict]
     x, _ = _layers.run_layers(lambda h, p: _block(cfg, h, p), x, params["layers"],
                               stacked=cfg.stacked, remat=cfg.remat)
     x = _layers.layer_norm(x, params["ln_f"])
-    return _train.cross_entropy(x @ params["head"], batch["targets"]), {}
+    return _train.token_cross_entropy(x, params["head"], batch["targets"],
+                                      cfg.loss_chunk), {}
 
 
 def build(name: str, cfg: GPTConfig) -> _workload.Workload:

@@ -57,6 +57,9 @@ class LlamaConfig:
         attention_chunk: queries per block of memory-bounded attention
             (`_layers.causal_attention`'s `chunk`); None: the whole score
             matrix at once.
+        loss_chunk: positions per block of the loss
+            (`_train.token_cross_entropy`'s `chunk`); None: all the logits
+            at once.
         activation_sharding: pins the activations' batch dim to mesh axes
             (`_activations.ActivationSharding`); None: XLA decides.
     """
@@ -78,6 +81,7 @@ class LlamaConfig:
     compute_dtype: str = "float32"
     activation_sharding: _activations.ActivationSharding | None = None
     attention_chunk: int | None = None
+    loss_chunk: int | None = None
 
     def __post_init__(self):
         owner = type(self).__name__
@@ -198,9 +202,10 @@ def _block(cfg: LlamaConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Arra
     return x + y, jnp.zeros((), jnp.float32)
 
 
-def logits(cfg: LlamaConfig, params: dict, tokens: jax.Array,
+def hidden(cfg: LlamaConfig, params: dict, tokens: jax.Array,
            block=_block) -> tuple[jax.Array, jax.Array]:
-    """Next-token logits `[B, S, vocab]` and the blocks' summed auxiliary loss.
+    """The final normed hidden states `[B, S, d_model]` (the head's input)
+    and the blocks' summed auxiliary loss.
 
     `block(cfg, x, layer) -> (x, aux)` is swappable: the moe workload passes
     its own block and reuses everything else.
@@ -209,14 +214,22 @@ def logits(cfg: LlamaConfig, params: dict, tokens: jax.Array,
                                jnp.take(params["embed"]["tokens"], tokens, axis=0))
     x, aux = _layers.run_layers(lambda h, p: block(cfg, h, p), x, params["layers"],
                                 stacked=cfg.stacked, remat=cfg.remat)
-    return _layers.rms_norm(x, params["ln_f"]) @ params["head"], aux
+    return _layers.rms_norm(x, params["ln_f"]), aux
+
+
+def logits(cfg: LlamaConfig, params: dict, tokens: jax.Array,
+           block=_block) -> tuple[jax.Array, jax.Array]:
+    """Next-token logits `[B, S, vocab]` and the blocks' summed auxiliary loss."""
+    x, aux = hidden(cfg, params, tokens, block)
+    return x @ params["head"], aux
 
 
 def loss_fn(cfg: LlamaConfig, params: dict, batch: dict) -> tuple[jax.Array, dict]:
     """Next-token cross-entropy of `batch = {"tokens", "targets"}`."""
     params = _precision.cast_params(params, cfg.compute_dtype)
-    out, _ = logits(cfg, params, batch["tokens"])
-    return _train.cross_entropy(out, batch["targets"]), {}
+    x, _ = hidden(cfg, params, batch["tokens"])
+    return _train.token_cross_entropy(x, params["head"], batch["targets"],
+                                      cfg.loss_chunk), {}
 
 
 def dims(cfg: LlamaConfig) -> dict:

@@ -110,6 +110,44 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.mean(log_z - picked)
 
 
+def token_cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array,
+                        chunk: int | None = None) -> jax.Array:
+    """`cross_entropy(hidden @ head, targets)`, optionally over blocks of positions.
+
+    With `chunk`, the positions are taken `chunk` at a time under a
+    rematerialised `lax.scan`: a block's logits are made, reduced to its
+    loss and dropped, and made again in the backward pass. The float32
+    logits over a large vocabulary (`[batch, seq, vocab]`, several copies
+    live in the loss and its gradient) are then one block at a time, which
+    is what lets a long-sequence step with a 32k vocabulary fit a 32 GiB
+    chip. The loss is the same; the head's matmul runs once more.
+
+    Args:
+        hidden: `[batch, seq, width]` final hidden states.
+        head: `[width, vocab]` output projection.
+        targets: `[batch, seq]` int class ids.
+        chunk: positions per block, dividing seq; None: all at once.
+
+    Returns:
+        A float32 scalar, the mean over all positions.
+    """
+    b, s, d = hidden.shape
+    if chunk is None or chunk >= s:
+        return cross_entropy(hidden @ head, targets)
+    if s % chunk:
+        raise ValueError(f"token_cross_entropy: chunk={chunk} does not divide seq={s}")
+    blocks = hidden.reshape(b, s // chunk, chunk, d).swapaxes(0, 1)
+    block_targets = targets.reshape(b, s // chunk, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def block(total: jax.Array, xs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+        h, t = xs
+        return total + cross_entropy(h @ head, t) * (b * chunk), None
+
+    total, _ = jax.lax.scan(block, jnp.zeros((), jnp.float32), (blocks, block_targets))
+    return total / (b * s)
+
+
 def make_train_step(loss_fn: LossFn, adam: Adam) -> Callable[[dict, dict], tuple[dict, dict]]:
     """Builds `step(state, batch) -> (state, metrics)` around a loss.
 
