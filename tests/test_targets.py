@@ -300,3 +300,14 @@ def test_a_mesh_that_cannot_follow_the_physical_axes_says_so(monkeypatch):
     with pytest.warns(_target.TargetLayoutWarning, match="does not map onto the chips"):
         mesh = ss.target_mesh("tpu-v5e", {"dp": 2, "tp": 2})
     assert mesh.shape == {"dp": 2, "tp": 2}
+
+
+def test_the_shape_of_a_target_mesh_is_searched_too(tmp_path):
+    _need("tpu")
+    result = ss.optimize(get_workload("mlp:tiny"), devices=4, axes=("dp", "tp"),
+                         make_mesh=lambda shape: ss.target_mesh("tpu-v5e", shape),
+                         objective="static", n_trials=6, quiet=True, isolate=False,
+                         storage=f"sqlite:///{tmp_path / 's.db'}")
+    assert set(result.shapes["searched"]) == {"dp=1,tp=4", "dp=2,tp=2", "dp=4,tp=1"}
+    assert result.shapes["verdict"] == "unconfirmed"  # estimates, nothing re-timed
+    assert result.study.user_attrs["hardware"]["target"]["chip"] == "tpu-v5e"

@@ -518,7 +518,7 @@ def test_a_chunked_loss_gives_the_same_loss_and_gradients():
         tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, 64)
         batch = {"tokens": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
 
-        def loss(p, cfg=config, m=module):
+        def loss(p, cfg=config, m=module, batch=batch):
             return m.loss_fn(cfg, p, batch)[0]
 
         whole, g_whole = jax.value_and_grad(loss)(params)

@@ -42,11 +42,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(a JSON object of layers, d_model, heads, d_ff, vocab, seq, batch, ...; "
                         "see docs/workloads.md), or a factory 'package.module:function' "
                         "returning a Workload")
-    p.add_argument("--mesh", required=True, metavar="AXES",
+    p.add_argument("--mesh", metavar="AXES",
                    help="mesh axes as name=size pairs, e.g. dp=2,tp=4 (one size may be -1: "
                         "the remaining devices)")
+    p.add_argument("--axes", type=axis_list, metavar="AXES",
+                   help="instead of --mesh: search the mesh's shape too, every split of the "
+                        "devices (--devices N, default all) over these axes, e.g. dp,fsdp,tp; "
+                        "each shape is its own study, the plan records the winner's")
     p.add_argument("--devices", type=device_count, metavar="N",
-                   help="simulate N CPU devices (for trying meshes this machine lacks)")
+                   help="simulate N CPU devices (for trying meshes this machine lacks); with "
+                        "--axes, the devices to split (with --target, the chip count)")
     p.add_argument("--trials", type=count, default=40, metavar="N",
                    help="trials to run, the baselines included (default 40)")
     p.add_argument("--timeout", type=positive_float, metavar="S",
@@ -146,6 +151,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     several = distributed_requested(a)
+    if (a.mesh is None) == (a.axes is None):
+        raise UsageError("give --mesh dp=2,tp=4 (one shape) or --axes dp,tp (search the "
+                         "shape too), one of them")
+    if a.axes is not None and several:
+        raise UsageError(f"--axes {','.join(a.axes)} searches the shapes of one process's "
+                         "devices; across processes give --mesh")
+    if a.axes is not None and a.target is not None and a.devices is None \
+            and a.topology is None:
+        raise UsageError(f"--axes {','.join(a.axes)} with --target {a.target}: give the chip "
+                         "count to split, --devices N (or --topology)")
     if a.objective is None:
         a.objective = "static" if a.target else "measured"
     if a.topology is not None and a.target is None:
@@ -194,30 +209,28 @@ def run(a: argparse.Namespace) -> int:
 def search(a: argparse.Namespace, several: bool) -> int:
     """`run` once JAX is set up: the search, then the plan (process 0)."""
     from ..base.mesh import parse_mesh
-    from ..base.secrets import redact_url as redact
     from ..base.units import parse_bytes
-    from ..plan.writer import write_config
-    from ..search.export import export_config
     from ..search.loop import optimize
-    from ..search.study.storage import default_storage, is_resumable
+    from ..search.study.storage import default_storage
 
-    dims, names = usage(parse_mesh, a.mesh)
+    dims, names = usage(parse_mesh, a.mesh) if a.mesh is not None else (None, a.axes)
     budget = usage(parse_bytes, a.budget) if a.budget is not None else None
     unknown = [axis for axis in a.dcn_axes if axis not in names]
     if unknown:
+        given = f"--mesh {a.mesh}" if a.mesh is not None else f"--axes {','.join(a.axes)}"
         raise UsageError(f"--dcn-axes {','.join(a.dcn_axes)}: {', '.join(map(repr, unknown))} "
-                         f"is not an axis of --mesh {a.mesh} (axes: {', '.join(names)})")
+                         f"is not an axis of {given} (axes: {', '.join(names)})")
     objective = objective_option(a)
     hardware = hardware_option(a.hardware or a.target, objective)
     chosen = workload(a.workload)
+    if a.out is not None and Path(a.out).is_dir():
+        raise UsageError(f"--out {a.out} is a directory; give a file name")
+    if dims is None:
+        return search_shapes(a, chosen, budget, objective, hardware)
     mesh = (make_target_mesh(a.target, dims, names, a.topology, a.dcn_axes) if a.target
             else make_mesh(dims, names))
     out = Path(a.out or f"shardsearch-{slug(chosen.name)}-{slug(axes(mesh))}.json")
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a directory; give a file name")
     storage = a.storage or default_storage()
-    kept = ("the same command resumes it" if is_resumable(storage)
-            else "in memory: it ends with this process")
     n = mesh.devices.size
     if several:
         from ..search.execution.distributed import Distributed
@@ -234,20 +247,89 @@ def search(a: argparse.Namespace, several: bool) -> int:
                    else f"compiled for {target_of(mesh).describe()}")
         print(f"shardsearch {__version__}: {chosen.name} on mesh {axes(mesh)} ({devices}), "
               f"{a.trials} trials, objective {a.objective}", flush=True)
+    result = searched(lambda: optimize(
+        chosen, mesh=mesh, **options(a, budget, objective, hardware, storage),
+        isolate=False if several else a.isolate,
+        **({"distributed": distributed} if several else {})), storage)
+    if result is None:  # another process than 0: that one records and writes
+        print(f"process {rank}: done; process 0 wrote the plan", flush=True)
+        return 0
+    return write_plan(result, chosen, out, storage)
+
+
+def options(a: argparse.Namespace, budget: int | None, objective: Any, hardware: Any,
+            storage: str) -> dict[str, Any]:
+    """`optimize`'s keywords from the command line, but the mesh and the executor's."""
+    return dict(
+        n_trials=a.trials, timeout=a.timeout, memory_budget=budget, objective=objective,
+        storage=storage, study_name=a.study, seed=a.seed, warmup=a.warmup,
+        repeats=a.repeats, confirm_rounds=a.confirm_rounds,
+        compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet,
+        space=a.space, execute_timeout=a.execute_timeout, verbose=a.verbose,
+        hardware=hardware, dcn_axes=a.dcn_axes, start_from=a.start_from)
+
+
+def search_shapes(a: argparse.Namespace, chosen: Any, budget: int | None, objective: Any,
+                  hardware: Any) -> int:
+    """`--axes`: the shape searched too (`search.shapes`), then the plan."""
+    import jax
+
+    from ..base.target import Target
+    from ..search.loop import optimize
+    from ..search.study.storage import default_storage
+
+    storage = a.storage or default_storage()
+    if a.target is not None:
+        n = a.devices or usage(Target, a.target, a.topology).device_count
+
+        def make(shape: Any) -> Any:
+            return make_target_mesh(a.target, tuple(shape.values()), tuple(shape),
+                                    a.topology, a.dcn_axes)
+        where = f"{a.target}'s compile-only devices"
+    else:
+        n, make = a.devices or len(jax.devices()), None
+        where = f"{jax.devices()[0].platform} devices"
+    print(f"shardsearch {__version__}: {chosen.name}, the mesh's shape searched too: {n} "
+          f"{where} over {','.join(a.axes)}, {a.trials} trials, objective {a.objective}",
+          flush=True)
+    result = searched(lambda: optimize(
+        chosen, devices=n, axes=a.axes, make_mesh=make,
+        **options(a, budget, objective, hardware, storage), isolate=a.isolate), storage)
+    assert result is not None and result.shapes is not None  # one process
+    print(shapes_table(result.shapes))
+    out = Path(a.out or f"shardsearch-{slug(chosen.name)}-{slug(axes_text(result))}.json")
+    return write_plan(result, chosen, out, storage)
+
+
+def axes_text(result: Any) -> str:
+    return ",".join(f"{k}={v}" for k, v in result.mesh_axes.items())
+
+
+def shapes_table(shapes: dict[str, Any]) -> str:
+    """One line per shape: searched (its winner, time, trials) or pruned (why)."""
+    lines = [f"mesh shapes ({shapes['verdict']}):"]
+    for text, row in shapes["searched"].items():
+        retimed = row.get("retimed")
+        timing = (f"re-timed median {retimed['median'] * 1e3:.3f} ms" if retimed
+                  else f"{row['best_time'] * 1e3:.3f} ms")
+        mark = "*" if text == shapes["chosen"] else " "
+        lines.append(f" {mark} {text:<22} {row['best_label']:<18} {timing}, "
+                     f"{row['trials']} trials")
+    lines += [f"   {text:<22} pruned: {why}" for text, why in shapes["pruned"].items()]
+    return "\n".join(lines)
+
+
+def searched(run: Any, storage: str) -> Any:
+    """`run()`, an `optimize` call, with its errors as the command line reports them."""
+    from ..search.study.storage import is_resumable
+
     try:
-        result = optimize(
-            chosen, mesh=mesh, n_trials=a.trials, timeout=a.timeout, memory_budget=budget,
-            objective=objective, storage=storage, study_name=a.study, seed=a.seed,
-            warmup=a.warmup, repeats=a.repeats, confirm_rounds=a.confirm_rounds,
-            compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet,
-            space=a.space, isolate=False if several else a.isolate,
-            execute_timeout=a.execute_timeout, verbose=a.verbose, hardware=hardware,
-            dcn_axes=a.dcn_axes, start_from=a.start_from,
-            **({"distributed": distributed} if several else {}))
+        return run()
     except ValueError as err:  # optimize checks its inputs before any trial
         raise UsageError(str(err)) from None
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: main says what is kept
-        note = (f"finished trials are kept in the study, {kept}" if is_resumable(storage)
+        note = (f"finished trials are kept in the study, {kept(storage)}"
+                if is_resumable(storage)
                 else "the study was in memory and is gone")
         # A lost process (`search.distributed.PeerLost`) says which, first.
         stop.args = (f"{stop}; {note}" if str(stop) else note,)
@@ -256,9 +338,22 @@ def search(a: argparse.Namespace, several: bool) -> int:
         raise  # bugs, not failed work: keep their traceback
     except RuntimeError as err:  # no candidate completed; XLA failing on the devices
         raise WorkFailed(str(err)) from None
-    if result is None:  # another process than 0: that one records and writes
-        print(f"process {rank}: done; process 0 wrote the plan", flush=True)
-        return 0
+
+
+def kept(storage: str) -> str:
+    """What becomes of a study in `storage` after this process."""
+    from ..search.study.storage import is_resumable
+
+    return ("the same command resumes it" if is_resumable(storage)
+            else "in memory: it ends with this process")
+
+
+def write_plan(result: Any, chosen: Any, out: Path, storage: str) -> int:
+    """Writes the winner's plan file and says where the study is."""
+    from ..base.secrets import redact_url as redact
+    from ..plan.writer import write_config
+    from ..search.export import export_config
+
     config = export_config(result, workload=chosen)
     try:
         written = write_config(config, out)
@@ -268,7 +363,7 @@ def search(a: argparse.Namespace, several: bool) -> int:
             f"`shardsearch export --study '{result.study.study_name}' --storage "
             f"'{redact(storage)}' --out FILE`") from None
     print(results_table(config))
-    print(f"study: {result.study.study_name!r} in {redact(storage)} ({kept})")
+    print(f"study: {result.study.study_name!r} in {redact(storage)} ({kept(storage)})")
     print(f"wrote {written}")
     return 0
 

@@ -122,7 +122,8 @@ def finish(
         baselines=baselines, confirmation=confirmation, verdict=verdict,
         outputs_match=outputs_match, max_relative_error=worst, trials=records,
         study=study, objective=ctx.objective.name, budget=ctx.budget,
-        mesh_axes=_mesh.axis_sizes(mesh), compiles=ctx.compiles, setup=setup)
+        mesh_axes=_mesh.axis_sizes(mesh), compiles=ctx.compiles,
+        best_memory=winner.outcome.memory.get("total"), setup=setup)
 
 
 def pick_winner(

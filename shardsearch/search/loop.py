@@ -30,6 +30,7 @@ from .execution.lockstep import Lockstep
 from .finish import finish
 from .result import OptimizeResult
 from .setup import SearchSettings, StudySetup, make_context, prepare, start_executor
+from .shapes import search_shapes
 from .space.baselines import start_candidates
 from .space.candidate import Candidate
 from .study import attrs
@@ -56,11 +57,15 @@ def optimize(
     step: Any,
     args: Sequence[Any] | None = None,
     *,
-    mesh: jax.sharding.Mesh,
+    mesh: jax.sharding.Mesh | None = None,
     settings: SearchSettings | None = None,
+    devices: int | None = None,
+    axes: Sequence[str] | None = None,
+    make_mesh: Callable[[Mapping[str, int]], jax.sharding.Mesh] | None = None,
     **options: Any,
 ) -> OptimizeResult | None:
-    """Searches rule parameters for the fastest sharding of `step` on `mesh`.
+    """Searches rule parameters for the fastest sharding of `step` on `mesh`,
+    or on the best split of `devices` over `axes`.
 
     Every option is a field of `SearchSettings`: pass them as keywords
     (`optimize(step, mesh=mesh, n_trials=20)`), or whole (`settings=`), or
@@ -71,7 +76,14 @@ def optimize(
         `args` is taken from it and its expert plans join the warm start).
       args: `(state, *batch)`: arrays, or ShapeDtypeStructs for an objective
         that runs nothing ("static").
-      mesh: the concrete mesh to compile and run on.
+      mesh: the concrete mesh to compile and run on; or none, and
+      devices, axes: search the mesh's shape too: every split of `devices`
+        (default: all of this process's) over the named `axes` that shards
+        something, each searched as its own study, the shapes' winners then
+        compared (`search.shapes`); the result's `shapes` says what each gave.
+      make_mesh: with `axes`, builds the mesh of a shape `{axis: size}`
+        (default: this process's first `devices` devices), e.g.
+        `lambda shape: shardsearch.target_mesh("tpu-v5p", shape)`.
       settings: a `SearchSettings`; the fields below are its fields.
       n_trials: new trials to run in this call (warm-start baselines included).
       timeout: seconds; the search stops at whichever limit comes first.
@@ -154,6 +166,15 @@ def optimize(
         first failed with the reason "interrupted" and the storage closed.
     """
     settings = SearchSettings.build(settings, options)
+    if mesh is None or devices is not None or axes is not None or make_mesh is not None:
+        if mesh is not None:
+            raise ValueError("optimize: give mesh= (one shape) or devices=/axes= (search the "
+                             "shape), not both")
+        if axes is None:
+            raise ValueError("optimize: give mesh=, or axes= (with devices=) to search the "
+                             "mesh's shape too")
+        return search_shapes(step, args, len(jax.devices()) if devices is None else devices,
+                             axes, settings, make_mesh, optimize)
     if settings.compile_cache is not None:
         use_compile_cache(settings.compile_cache)
     lockstep = _distributed.settings(settings.distributed, settings.isolate)

@@ -48,6 +48,13 @@ class OptimizeResult:
       confirmed_by: who re-timed the finalists when the objective re-times
         them and workers share the study (`search.claims`): "the last worker
         to finish", or that this worker left it to another; None otherwise.
+      best_memory: the winner's bytes per device as its trial recorded them
+        (None where unknown).
+      shapes: when the mesh's shape was searched too (`optimize(...,
+        devices=N, axes=...)`, `search.shapes`): the devices and axes, the
+        chosen shape and its verdict, and per shape searched its study, its
+        winner and its re-timing; the shapes pruned, with the reason. None
+        for a search on one mesh.
       setup: the study's `StudySetup` (its context, space, baselines and
         replicated reference), so that a benchmark or an export reuses them
         rather than tracing the step again; None for a result rebuilt
@@ -71,6 +78,8 @@ class OptimizeResult:
     mesh_axes: dict[str, int]
     compiles: int
     confirmed_by: str | None = None
+    best_memory: int | None = None
+    shapes: dict[str, Any] | None = None
     setup: StudySetup | None = dataclasses.field(default=None, repr=False)
 
     def summary(self) -> dict[str, int]:
@@ -98,6 +107,7 @@ class OptimizeResult:
             "study_name": self.study.study_name,
             "compiles": self.compiles,
             **({"confirmed_by": self.confirmed_by} if self.confirmed_by is not None else {}),
+            **({"shapes": self.shapes} if self.shapes is not None else {}),
             "trials": [t.to_json() for t in self.trials],
         }
 
