@@ -114,3 +114,18 @@ def test_shape_usage_errors_are_one_line(argv, words, capsys):
     code = main(["optimize", "--workload", "mlp:tiny", "--trials", "1", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and words in err[0], err
+
+
+def test_a_shape_the_target_cannot_lay_out_is_pruned_with_its_reason():
+    def make(shape):
+        if shape["tp"] > 2:
+            raise ValueError(f"tp={shape['tp']} spans more than one host")
+        return ss.create_mesh(tuple(shape.values()), tuple(shape), jax.devices()[:4])
+
+    result = ss.optimize(get_workload("mlp:tiny"), devices=4, axes=("dp", "tp"), n_trials=3,
+                         make_mesh=make, storage="sqlite://", **STATIC)
+    assert set(result.shapes["searched"]) == {"dp=2,tp=2", "dp=4,tp=1"}
+    # In memory nothing resumes: one round, every trial in it.
+    assert sum(row["trials"] for row in result.shapes["searched"].values()) == 3
+    assert result.shapes["pruned"] == {
+        "dp=1,tp=4": "no mesh of this shape: tp=4 spans more than one host"}

@@ -274,7 +274,7 @@ def search_shapes(a: argparse.Namespace, chosen: Any, budget: int | None, object
     """`--axes`: the shape searched too (`search.shapes`), then the plan."""
     import jax
 
-    from ..base.target import Target
+    from ..base.target import Target, TargetUnavailable, target_mesh
     from ..search.loop import optimize
     from ..search.study.storage import default_storage
 
@@ -283,8 +283,12 @@ def search_shapes(a: argparse.Namespace, chosen: Any, budget: int | None, object
         n = a.devices or usage(Target, a.target, a.topology).device_count
 
         def make(shape: Any) -> Any:
-            return make_target_mesh(a.target, tuple(shape.values()), tuple(shape),
-                                    a.topology, a.dcn_axes)
+            # A shape the chip cannot lay out is pruned (ValueError), not a usage error.
+            try:
+                return target_mesh(a.target, dict(shape), topology=a.topology,
+                                   dcn_axes=tuple(a.dcn_axes))
+            except TargetUnavailable as err:
+                raise UsageError(str(err)) from None
         where = f"{a.target}'s compile-only devices"
     else:
         n, make = a.devices or len(jax.devices()), None

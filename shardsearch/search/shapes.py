@@ -15,8 +15,8 @@ the 8 devices over the axes as well as the sharding on each split:
   (at least one per shape) are split evenly over the shapes, the other half
   over the better half of them by what the first round found: their studies
   resume, the warm-start baselines a short share left out first. The
-  timeout is split in proportion to the trials. A storage that does not
-  outlive a call (in memory) starts the second round's studies afresh;
+  timeout is split in proportion to the trials. On a storage that does
+  not outlive a call (in memory) there is one round, split evenly;
 - the shapes' winners are then compared: re-timed interleaved in this
   process when the objective re-times (measured), else by their estimates;
   `finish.pick_winner` decides, so a shape wins on a tie only with less
@@ -42,6 +42,7 @@ from .evaluation import confirm as _confirm
 from .finish import pick_winner
 from .result import OptimizeResult
 from .setup import SearchSettings
+from .study.storage import is_resumable
 
 MeshMaker = Callable[[Mapping[str, int]], jax.sharding.Mesh]
 
@@ -133,7 +134,17 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
     probe = args if args is not None else step.abstract()
     shapes, pruned = mesh_shapes(devices, axes, probe)
     make_mesh = make_mesh or host_meshes(devices)
-    meshes = {shape_text(shape): make_mesh(shape) for shape in shapes}
+    meshes = {}
+    for shape in shapes:
+        try:
+            meshes[shape_text(shape)] = make_mesh(shape)
+        except ValueError as err:
+            # A target that cannot lay the shape out (a GPU's tensor axis
+            # wider than one host): that shape is not there to search.
+            pruned[shape_text(shape)] = f"no mesh of this shape: {err}"
+    if not meshes:
+        raise ValueError(f"no split of {devices} devices over {', '.join(axes)} makes a "
+                         f"mesh: {'; '.join(f'{k}: {v}' for k, v in pruned.items())}")
     results: dict[str, OptimizeResult] = {}
 
     def run(text: str, trials: int) -> None:
@@ -149,7 +160,10 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
 
     # Half the trials spread over every shape, the other half over the better
     # half of them (their studies resume where the first round left them).
-    first = _split(max(settings.n_trials // 2, len(meshes)), list(meshes))
+    # A storage that ends with each call cannot resume: one round, split evenly.
+    resumes = is_resumable(settings.storage)
+    first = _split(max(settings.n_trials // 2 if resumes else settings.n_trials, len(meshes)),
+                   list(meshes))
     for text, trials in first.items():
         run(text, trials)
     if len(meshes) > 1 and settings.n_trials > sum(first.values()):
