@@ -51,19 +51,34 @@ def test_optimize_searches_each_shape_and_the_plan_records_the_winners(tmp_path)
     assert chosen["best_time"] == min(s["best_time"] for s in shapes["searched"].values())
     assert result.best_time == chosen["best_time"]
     assert ",".join(f"{a}={s}" for a, s in result.mesh_axes.items()) == shapes["chosen"]
-    # Half the trials over all three shapes, the rest over the better two.
-    trials = {text: row["trials"] for text, row in shapes["searched"].items()}
-    assert sum(trials.values()) == 9 and min(trials.values()) >= 1
-    # Each shape is its own study, named after it, holding its own trials.
+    # Each shape is its own study, named after it, holding its own trials:
+    # its whole warm start, though 9 trials over 3 shapes would not reach it.
     names = {row["study_name"] for row in shapes["searched"].values()}
     assert names == {f"shapes/{text}" for text in shapes["searched"]}
     for text, row in shapes["searched"].items():
         study = optuna.load_study(study_name=row["study_name"], storage=storage)
-        assert len(study.trials) == row["trials"], text
+        labels = [t.user_attrs.get("label") for t in study.trials]
+        assert len(study.trials) == row["trials"] > 3, text
+        assert "search" not in labels and len(set(labels)) == len(labels), labels
+        assert {"replicated", "default", "dp"} <= set(labels), labels
+    assert shapes["trials"] == {"asked": 9, "run": sum(
+        row["trials"] for row in shapes["searched"].values())}
     plan = ss.export_config(result)
     assert dict(zip(plan["mesh"]["axis_names"], plan["mesh"]["axis_sizes"], strict=True)) \
         == result.mesh_axes
     assert result.to_json()["shapes"] == shapes
+
+
+def test_the_trials_left_after_the_warm_starts_go_to_the_better_half(tmp_path):
+    result = ss.optimize(get_workload("mlp:tiny"), devices=4, axes=("dp", "tp"), n_trials=30,
+                         storage=f"sqlite:///{tmp_path / 's.db'}", **STATIC)
+    searched = result.shapes["searched"]
+    assert result.shapes["trials"]["run"] == 30
+    warm = min(row["trials"] for row in searched.values())
+    more = sorted((text for text, row in searched.items() if row["trials"] > warm))
+    # The two shapes that got more are the two best after the first round,
+    # and the chosen one is among them.
+    assert len(more) == 2 and result.shapes["chosen"] in more
 
 
 def test_measured_shapes_are_re_timed_side_by_side(tmp_path):

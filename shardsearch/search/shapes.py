@@ -11,12 +11,14 @@ the 8 devices over the axes as well as the sharding on each split:
 - each shape left is searched as its own study, `optimize` on that mesh,
   named after its shape (`<name>/dp=2,tp=4` for a name given; the default
   name already spells the mesh), so a killed run resumes shape by shape
-  and a shape's trials are never mixed with another's. Half the trials
-  (at least one per shape) are split evenly over the shapes, the other half
-  over the better half of them by what the first round found: their studies
-  resume, the warm-start baselines a short share left out first. The
-  timeout is split in proportion to the trials. On a storage that does
-  not outlive a call (in memory) there is one round, split evenly;
+  and a shape's trials are never mixed with another's. In a first round
+  every shape runs its warm start whole (its baselines: a shape is judged
+  by its best known plans), or half the trials split evenly if that is
+  more; so `n_trials` below shapes x baselines is exceeded, and the result
+  says by how much. The trials left go to the better half of the shapes
+  by what the first round found: their studies resume. The timeout is
+  split in proportion to the trials. On a storage that does not outlive a
+  call (in memory) there is one round, `n_trials` split evenly;
 - the shapes' winners are then compared: re-timed interleaved in this
   process when the objective re-times (measured), else by their estimates;
   `finish.pick_winner` decides, so a shape wins on a tie only with less
@@ -158,18 +160,29 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
         assert result is not None  # one process: it searches and records
         results[text] = result
 
-    # Half the trials spread over every shape, the other half over the better
-    # half of them (their studies resume where the first round left them).
     # A storage that ends with each call cannot resume: one round, split evenly.
-    resumes = is_resumable(settings.storage)
-    first = _split(max(settings.n_trials // 2 if resumes else settings.n_trials, len(meshes)),
-                   list(meshes))
-    for text, trials in first.items():
-        run(text, trials)
-    if len(meshes) > 1 and settings.n_trials > sum(first.values()):
+    if not is_resumable(settings.storage):
+        for text, trials in _split(max(settings.n_trials, len(meshes)), list(meshes)).items():
+            run(text, trials)
+        return _pick(results, pruned, devices, axes, settings)
+    # First round: every shape gets its warm start whole (a shape is judged
+    # by its best known plans, not by whichever baselines a short share
+    # reached), and half the trials if that is more.
+    names = list(meshes)
+    share, spent = max(settings.n_trials // 2 // len(names), 1), 0
+    for text in names:
+        run(text, share)
+        setup = results[text].setup
+        warm = len(setup.run_order()) if setup is not None else 0
+        if warm > share:
+            run(text, warm - share)
+        spent += max(share, warm)
+    # Second round: what is left, over the better half of the shapes (their
+    # studies resume where the first round left them).
+    if len(names) > 1 and settings.n_trials > spent:
         ranked = sorted(results, key=lambda text: _rank(results[text]))
         better = ranked[:math.ceil(len(ranked) / 2)]
-        for text, trials in _split(settings.n_trials - sum(first.values()), better).items():
+        for text, trials in _split(settings.n_trials - spent, better).items():
             if trials:
                 run(text, trials)
     return _pick(results, pruned, devices, axes, settings)
@@ -211,5 +224,7 @@ def _pick(results: dict[str, OptimizeResult], pruned: dict[str, str], devices: i
                             **({"retimed": retimed[text].to_json()} if text in retimed else {})}
                      for text, r in results.items()},
         "pruned": dict(pruned),
+        "trials": {"asked": settings.n_trials,
+                   "run": sum(len(r.trials) for r in results.values())},
     }
     return chosen
