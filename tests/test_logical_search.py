@@ -85,10 +85,12 @@ def test_logical_space_params_and_candidate(gpt):
     assert _declared(space) == [
         ("batch_axes", ("-", "dp", "tp", "dp,tp", "tp,dp"), ()),
         *((f"logical_{n}", choices, ()) for n in ("mlp", "vocab", "vocab_2", "embed", "seq",
-                                                  "heads"))]
+                                                  "heads")),
+        # The state has Adam moments: the optimizer-state block ends the space.
+        ("opt_state_axes", choices, ())]
     params = {"batch_axes": "dp", "logical_mlp": "tp", "logical_vocab": "tp",
               "logical_vocab_2": "tp", "logical_embed": "-", "logical_seq": "-",
-              "logical_heads": "tp"}
+              "logical_heads": "tp", "opt_state_axes": "-"}
     candidate = space.suggest(optuna.trial.FixedTrial(params))
     assert isinstance(candidate.state_rule, LogicalAxisRule)
     assert isinstance(candidate.batch_rule, LogicalAxisRule)
@@ -113,13 +115,16 @@ def test_both_asks_family_first_and_each_family_only_when_picked(gpt):
     assert names == ["family", *(n for n, _, _ in _declared(rules) if n != "batch_axes"),
                      "batch_axes", *(n for n, _, _ in _declared(logical)
                                      if n != "batch_axes")]
+    assert names[-1] == "opt_state_axes" and "opt_state_axes" not in {
+        n for n, _, _ in _declared(rules)}  # the rules space keeps its parameters
     for name, _choices, when in declared[1:]:
-        if name == "batch_axes":
+        if name in ("batch_axes", "opt_state_axes"):
             assert when == ()
         else:
             assert when[0] == ("family", "logical" if name.startswith("logical_") else "rules")
     combos = both.enumerate()
-    assert len(combos) == len(rules.enumerate()) + len(logical.enumerate())
+    # Both families end with the optimizer state's five choices.
+    assert len(combos) == len(rules.enumerate()) * 5 + len(logical.enumerate())
     assert len(combos) == len({tuple(c.items()) for c in combos})
     # Every enumerated dict replays through suggest, asking exactly its parameters.
     for params in combos[:: max(1, len(combos) // 400)] + combos[-3:]:
@@ -128,6 +133,9 @@ def test_both_asks_family_first_and_each_family_only_when_picked(gpt):
         assert isinstance(candidate, Candidate)
         assert trial.asked == list(params)
         kind = candidate.state_rule.kind
+        if params["opt_state_axes"] != "-":
+            assert kind == "optimizer-state"
+            kind = candidate.state_rule.rule.kind
         assert kind == ("logical" if params["family"] == "logical" else "composite")
 
 

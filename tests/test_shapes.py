@@ -144,3 +144,29 @@ def test_a_shape_the_target_cannot_lay_out_is_pruned_with_its_reason():
     assert sum(row["trials"] for row in result.shapes["searched"].values()) == 3
     assert result.shapes["pruned"] == {
         "dp=1,tp=4": "no mesh of this shape: tp=4 spans more than one host"}
+
+
+def test_a_shape_where_nothing_completes_is_set_aside_and_the_others_go_on(tmp_path):
+    from shardsearch.search.finish import NothingCompleted
+    from shardsearch.search.loop import optimize
+    from shardsearch.search.setup import SearchSettings
+    from shardsearch.search.shapes import search_shapes
+
+    def tight(step, args, *, mesh, settings):
+        if dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)) == {"dp": 1, "tp": 4}:
+            raise NothingCompleted("every candidate over the budget")
+        return optimize(step, args, mesh=mesh, settings=settings)
+
+    settings = SearchSettings(n_trials=3, storage=f"sqlite:///{tmp_path / 's.db'}", **STATIC)
+    result = search_shapes(get_workload("mlp:tiny"), None, 4, ("dp", "tp"), settings, None,
+                           tight)
+    assert result.shapes["failed"] == {"dp=1,tp=4": "every candidate over the budget"}
+    assert set(result.shapes["searched"]) == {"dp=2,tp=2", "dp=4,tp=1"}
+
+    def none_fits(step, args, *, mesh, settings):
+        raise NothingCompleted("over the budget")
+
+    with pytest.raises(NothingCompleted, match="no split of 4 devices over dp, tp completed "
+                                               "a candidate: dp=1,tp=4: over the budget; "):
+        search_shapes(get_workload("mlp:tiny"), None, 4, ("dp", "tp"), settings, None,
+                      none_fits)

@@ -59,7 +59,7 @@ def _dead_pid():
      "searched mlp:tiny on dp=2,tp=4 with objective static; this run is mlp:tiny on "
      "dp=2,tp=4 with objective measured; "),
     ({"space": "both"}, "with space 'rules' (version 1); this run is mlp:tiny on dp=2,tp=4 "
-                        "with space 'both' (version 1)"),
+                        "with space 'both' (version 2)"),
 ], ids=["workload", "mesh", "objective", "space"])
 def test_a_study_refuses_another_search_before_writing_anything(bound, mesh, change, message):
     before = _snapshot(bound, "bound")

@@ -320,6 +320,8 @@ def shapes_table(shapes: dict[str, Any]) -> str:
         lines.append(f" {mark} {text:<22} {row['best_label']:<18} {timing}, "
                      f"{row['trials']} trials")
     lines += [f"   {text:<22} pruned: {why}" for text, why in shapes["pruned"].items()]
+    lines += [f"   {text:<22} nothing completed: {why}"
+              for text, why in shapes.get("failed", {}).items()]
     return "\n".join(lines)
 
 

@@ -32,6 +32,11 @@ from .study.record import TrialRecord
 CONFIRM_WITHIN = 1.5
 
 
+class NothingCompleted(RuntimeError):
+    """No candidate of a study completed (within this run's budget): there is
+    no winner to pick."""
+
+
 def finish(
     setup: StudySetup,
     study: optuna.Study,
@@ -55,14 +60,14 @@ def finish(
         study holds as JSON only, are rebuilt from their stored rules.
 
     Raises:
-      RuntimeError: no candidate completed.
+      NothingCompleted: no candidate completed, or none within the budget.
     """
     ctx, mesh = setup.context, setup.context.mesh
     specs = {} if specs is None else specs
     candidates = candidates or {}
     complete = [r for r in records if r.outcome.status == COMPLETE]
     if not complete:
-        raise RuntimeError(
+        raise NothingCompleted(
             f"no candidate completed in study {study.study_name!r}: "
             + "; ".join(sorted({r.outcome.reason for r in records})[:3])
             + " — raise the budget, n_trials or compile_timeout")
@@ -82,7 +87,7 @@ def finish(
 
     finalists = [r for r in by_fp.values() if usable(r)][:3]
     if not finalists:
-        raise RuntimeError(
+        raise NothingCompleted(
             f"no completed candidate of study {study.study_name!r} fits this run's budget of "
             f"{ctx.budget} bytes per device with the rules it recorded; raise the budget or "
             "start another study")

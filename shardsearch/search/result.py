@@ -53,7 +53,8 @@ class OptimizeResult:
       shapes: when the mesh's shape was searched too (`optimize(...,
         devices=N, axes=...)`, `search.shapes`): the devices and axes, the
         chosen shape and its verdict, and per shape searched its study, its
-        winner and its re-timing; the shapes pruned, with the reason. None
+        winner and its re-timing; the shapes pruned and those where nothing
+        completed, with the reason; the trials asked and run. None
         for a search on one mesh.
       setup: the study's `StudySetup` (its context, space, baselines and
         replicated reference), so that a benchmark or an export reuses them

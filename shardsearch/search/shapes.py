@@ -19,6 +19,8 @@ the 8 devices over the axes as well as the sharding on each split:
   by what the first round found: their studies resume. The timeout is
   split in proportion to the trials. On a storage that does not outlive a
   call (in memory) there is one round, `n_trials` split evenly;
+- a shape none of whose candidates completes (all over the budget) is
+  set aside with the reason (`shapes["failed"]`), and the others go on;
 - the shapes' winners are then compared: re-timed interleaved in this
   process when the objective re-times (measured), else by their estimates;
   `finish.pick_winner` decides, so a shape wins on a tie only with less
@@ -41,7 +43,7 @@ import jax
 from ..base import mesh as _mesh
 from ..base import tree as _tree
 from .evaluation import confirm as _confirm
-from .finish import pick_winner
+from .finish import NothingCompleted, pick_winner
 from .result import OptimizeResult
 from .setup import SearchSettings
 from .study.storage import is_resumable
@@ -148,6 +150,7 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
         raise ValueError(f"no split of {devices} devices over {', '.join(axes)} makes a "
                          f"mesh: {'; '.join(f'{k}: {v}' for k, v in pruned.items())}")
     results: dict[str, OptimizeResult] = {}
+    failed: dict[str, str] = {}
 
     def run(text: str, trials: int) -> None:
         share = dataclasses.replace(
@@ -156,15 +159,21 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
                      else settings.timeout * trials / settings.n_trials),
             study_name=(None if settings.study_name is None
                         else f"{settings.study_name}/{text}"))
-        result = optimize(step, args, mesh=meshes[text], settings=share)
+        try:
+            result = optimize(step, args, mesh=meshes[text], settings=share)
+        except NothingCompleted as err:
+            # Nothing of this shape fits (or ran): the others may.
+            failed[text] = str(err)
+            return
         assert result is not None  # one process: it searches and records
         results[text] = result
+        failed.pop(text, None)
 
     # A storage that ends with each call cannot resume: one round, split evenly.
     if not is_resumable(settings.storage):
         for text, trials in _split(max(settings.n_trials, len(meshes)), list(meshes)).items():
             run(text, trials)
-        return _pick(results, pruned, devices, axes, settings)
+        return _pick(results, pruned, failed, devices, axes, settings)
     # First round: every shape gets its warm start whole (a shape is judged
     # by its best known plans, not by whichever baselines a short share
     # reached), and half the trials if that is more.
@@ -172,7 +181,7 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
     share, spent = max(settings.n_trials // 2 // len(names), 1), 0
     for text in names:
         run(text, share)
-        setup = results[text].setup
+        setup = results[text].setup if text in results else None
         warm = len(setup.run_order()) if setup is not None else 0
         if warm > share:
             run(text, warm - share)
@@ -185,7 +194,7 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
         for text, trials in _split(settings.n_trials - spent, better).items():
             if trials:
                 run(text, trials)
-    return _pick(results, pruned, devices, axes, settings)
+    return _pick(results, pruned, failed, devices, axes, settings)
 
 
 def _split(n: int, names: list[str]) -> dict[str, int]:
@@ -199,9 +208,17 @@ def _rank(result: OptimizeResult) -> tuple[float, float]:
     return (result.best_time, math.inf if memory is None else memory)
 
 
-def _pick(results: dict[str, OptimizeResult], pruned: dict[str, str], devices: int,
-          axes: Sequence[str], settings: SearchSettings) -> OptimizeResult:
-    """The winning shape's result, with `shapes` saying what each gave."""
+def _pick(results: dict[str, OptimizeResult], pruned: dict[str, str], failed: dict[str, str],
+          devices: int, axes: Sequence[str], settings: SearchSettings) -> OptimizeResult:
+    """The winning shape's result, with `shapes` saying what each gave.
+
+    Raises:
+      NothingCompleted: no shape completed a candidate.
+    """
+    if not results:
+        raise NothingCompleted(
+            f"no split of {devices} devices over {', '.join(axes)} completed a candidate: "
+            + "; ".join(f"{text}: {why}" for text, why in failed.items()))
     retimed: dict[str, _confirm.Timing] = {}
     first = next(iter(results.values()))
     if (len(results) > 1 and first.setup is not None
@@ -224,6 +241,7 @@ def _pick(results: dict[str, OptimizeResult], pruned: dict[str, str], devices: i
                             **({"retimed": retimed[text].to_json()} if text in retimed else {})}
                      for text, r in results.items()},
         "pruned": dict(pruned),
+        "failed": dict(failed),
         "trials": {"asked": settings.n_trials,
                    "run": sum(len(r.trials) for r in results.values())},
     }

@@ -31,14 +31,31 @@ from ...rules.base import ShardingRule
 from ...rules.batch import BatchShardingRule
 from ...rules.composite import CompositeShardingRule
 from ...rules.memory import MemoryConstrainedShardingRule
+from ...rules.optimizer import OptimizerStateRule
 from .candidate import Candidate
-from .logical import SPACES, FamilyBlock, LogicalBlock, When, offered_axes
+from .logical import (
+    SPACES,
+    FamilyBlock,
+    LogicalBlock,
+    When,
+    group_choices,
+    offered_axes,
+    parse_key,
+)
 from .params import Draft, Param, ParamBlock
 
 # Recorded in every study (`search.identity`): a run resumes a study only over
 # the same version. Raise it whenever a built-in block's parameter names,
 # kinds, ranges or order change, since old trials would no longer fit.
 SPACE_VERSION = "1"
+# Per family set: "logical" and "both" gained `opt_state_axes` in version 2;
+# "rules" is unchanged, so its studies resume.
+SPACE_VERSIONS = {"rules": "1", "logical": "2", "both": "2"}
+
+
+def space_version(space: str) -> str:
+    """The version of the space `space` ("rules", "logical", "both")."""
+    return SPACE_VERSIONS.get(space, SPACE_VERSION)
 
 
 def lehmer_decode(code: Sequence[int], items: Sequence[Any]) -> list[Any]:
@@ -186,6 +203,31 @@ class BatchBlock(ParamBlock):
 
 
 @dataclasses.dataclass(frozen=True)
+class OptimizerStateBlock(ParamBlock):
+    """`opt_state_axes`: the mesh axes the optimizer state is also split over.
+
+    `"-"` keeps each optimizer leaf where the family put it (with its
+    parameter); a group like `"dp"` wraps the state rule in an
+    `OptimizerStateRule`, which adds those axes to every optimizer leaf's
+    largest dim they divide: ZeRO-1/2, Megatron-LM's distributed optimizer,
+    XLA gathering the updated parameters. The last block, after the family
+    built the state rule; in the space only where the state has optimizer
+    leaves (`SearchSpace.optimizer_state`).
+    """
+
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
+        return (Param.categorical("opt_state_axes", group_choices(space.axes)),)
+
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
+        entry = parse_key(values["opt_state_axes"])
+        if entry is None:
+            return draft
+        axes = (entry,) if isinstance(entry, str) else entry
+        return dataclasses.replace(
+            draft, state_rule=OptimizerStateRule(draft.state_rule, axes, mesh=space.mesh))
+
+
+@dataclasses.dataclass(frozen=True)
 class SearchSpace:
     """The parameters the search explores, over one mesh.
 
@@ -224,6 +266,9 @@ class SearchSpace:
         "logical" and "both".
       logical_max_axes: at most this many logical axes are offered, largest
         first (`logical_block.offered_axes`).
+      optimizer_state: the state has optimizer leaves (paths like
+        `opt/mu/...`, `rules.optimizer.OPTIMIZER_PATHS`): "logical" and
+        "both" then end with `opt_state_axes` (`OptimizerStateBlock`).
 
     Example:
       `SearchSpace(mesh, 1 << 30, 1 << 20).suggest(optuna.trial.FixedTrial(
@@ -239,6 +284,7 @@ class SearchSpace:
     space: str = "rules"
     logical: LogicalAxes | None = None
     logical_max_axes: int = 6
+    optimizer_state: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra_rules", dict(self.extra_rules))
@@ -304,10 +350,11 @@ class SearchSpace:
         rules = (AutoRuleBlock(), MemoryRuleBlock(), ExtraRulesBlock(), CompositionBlock())
         if self.space == "rules":
             return (*rules, BatchBlock())
+        optimizer = (OptimizerStateBlock(),) if self.optimizer_state else ()
         if self.space == "logical":
-            return (BatchBlock(), LogicalBlock())
+            return (BatchBlock(), LogicalBlock(), *optimizer)
         return (FamilyBlock(), *(When(b, "rules") for b in rules), BatchBlock(),
-                When(LogicalBlock(), "logical"))
+                When(LogicalBlock(), "logical"), *optimizer)
 
     def params(self) -> tuple[Param, ...]:
         """Every block's parameters, in the order a trial is asked for them.

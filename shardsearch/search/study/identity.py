@@ -33,7 +33,7 @@ import optuna
 
 from ...base import mesh as _mesh
 from ...base import tree as _tree
-from ..space.searchspace import SPACE_VERSION
+from ..space.searchspace import SPACE_VERSION, space_version
 from . import attrs as _attrs
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ def identity_of(workload: Workload | None, args: Sequence[Any], mesh: Any, objec
     return StudyIdentity(
         workload.name if workload is not None else None,
         None if workload is not None else arguments_fingerprint(args),
-        tuple(_mesh.axis_sizes(mesh).items()), objective, space, SPACE_VERSION,
+        tuple(_mesh.axis_sizes(mesh).items()), objective, space, space_version(space),
         None if values is None else tuple(values))
 
 
