@@ -318,3 +318,18 @@ def test_the_cli_takes_the_space(capsys):
     export = parser.parse_args(["export", "--study", "s", "--out", "f",
                                 "--format", "logical-axis-rules"])
     assert export.format == "logical-axis-rules"
+
+
+def test_opt_state_axes_split_the_moments_and_leave_the_parameters(gpt):
+    _, args, axes = gpt
+    space = make_space(MESH, args[0], space="logical", logical=axes)
+    params = {"batch_axes": "dp", "logical_mlp": "tp", "logical_vocab": "tp",
+              "logical_vocab_2": "tp", "logical_embed": "-", "logical_seq": "-",
+              "logical_heads": "tp"}
+    plain = space.suggest(optuna.trial.FixedTrial({**params, "opt_state_axes": "-"}))
+    zero = space.suggest(optuna.trial.FixedTrial({**params, "opt_state_axes": "dp"}))
+    before = dict(_tree.leaf_specs(plain.specs(args)[0]))
+    after = dict(_tree.leaf_specs(zero.specs(args)[0]))
+    moved = {path for path in after if after[path] != before[path]}
+    assert moved and all(path.startswith("opt/") for path in moved)
+    assert all("dp" in str(after[path]) for path in moved)
