@@ -271,6 +271,24 @@ def test_a_plan_that_is_not_logical_cannot_be_written_as_logical_rules(tmp_path)
     assert not (tmp_path / "x.json").exists()
 
 
+def test_a_plan_with_its_optimizer_state_split_further_says_what_rules_cannot_say(tmp_path):
+    from shardsearch.rules.optimizer import OptimizerStateRule
+
+    tiny = get_workload("gpt:tiny")
+    axes = discover_logical_axes(tiny.step, tiny.abstract())
+    state_rule, batch_rule = split_rules(MESH, axes, {"heads": "tp", "batch": "dp"})
+    zero = OptimizerStateRule(state_rule, ("dp",), mesh=MESH)
+    config = plan_config(zero, batch_rule, MESH, workload=tiny)
+    for form in ("logical-axis-rules", "flax-rules"):
+        with pytest.raises(ValueError, match=r"splits the optimizer state over more mesh "
+                                             r"axes than its parameters \(\['dp'\]"):
+            ss.write_config(config, tmp_path / "x.json", format=form)
+    assert not (tmp_path / "x.json").exists()
+    # The plan file itself carries it, and gives the same specs back.
+    plan = ss.load_plan(ss.write_config(config, tmp_path / "plan.json"))
+    assert plan.rule.apply(tiny.abstract()[0]) == zero.apply(tiny.abstract()[0])
+
+
 def test_a_tiny_plan_applies_to_the_small_model(tmp_path):
     tiny, small = get_workload("gpt:tiny"), get_workload("gpt:small")
     assignment = {"heads": "tp", "mlp": "tp", "vocab": "tp", "vocab_2": "tp",

@@ -209,6 +209,13 @@ def logical_axis_rules_config(config: Mapping[str, Any],
     names, sizes = config["mesh"]["axis_names"], config["mesh"]["axis_sizes"]
     mesh = _mesh.abstract_mesh(tuple(sizes), tuple(names))
     rule = rule_from_config(config["state_rule"], mesh, "plan state_rule")
+    if not isinstance(rule, LogicalAxisRule) and isinstance(
+            getattr(rule, "rule", None), LogicalAxisRule):
+        raise ValueError(
+            "the plan splits the optimizer state over more mesh axes than its parameters "
+            f"({list(rule.axes)}: an 'optimizer-state' rule around a logical one), which "
+            "logical-axis rules cannot say (one mesh placement per logical name); export a "
+            "trial whose opt_state_axes is '-' (--trial N), or use --format json")
     if not isinstance(rule, LogicalAxisRule):
         raise ValueError(
             f"the plan's state rule is a {rule.kind!r} rule, not 'logical', so it has no "
