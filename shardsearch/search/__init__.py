@@ -13,7 +13,8 @@ is behind it, laid out by job (docs/architecture.md):
 - `execution/`: where candidates run: the `Executor` protocol, `InProcess`.
 - `study/`: `TrialRecord`, `make_sampler`, `confirm_study`'s storage.
 - The driver: `SearchSettings`, `make_context`, `StudySetup`, `prepare`,
-  `optimize`, `OptimizeResult`, `export_config`, `confirm_study`.
+  `optimize`, `OptimizeResult`, `NothingCompleted` (no candidate completed:
+  no winner), `export_config`, `confirm_study`.
 
 Also re-exported for extensions: `ProgramCost` and `Topology` (what a
 `HardwareModel` subclass prices), `registered_kinds` and `rule_from_config`
@@ -51,6 +52,7 @@ from .evaluation.stages import Status as Status
 from .execution.base import Executor as Executor
 from .execution.inprocess import InProcess as InProcess
 from .export import export_config as export_config
+from .finish import NothingCompleted as NothingCompleted
 from .loop import optimize as optimize
 from .reconfirm import confirm_study as confirm_study
 from .result import OptimizeResult as OptimizeResult
@@ -67,7 +69,8 @@ from .study.record import TrialRecord as TrialRecord
 from .study.storage import make_sampler as make_sampler
 
 __all__ = [
-    "OBJECTIVES", "Candidate", "Context", "Executor", "Hybrid", "InProcess", "Objective",
+    "OBJECTIVES", "Candidate", "Context", "Executor", "Hybrid", "InProcess", "NothingCompleted",
+    "Objective",
     "OptimizeResult", "Outcome", "ProgramCost", "SearchSettings", "SearchSpace", "Stage",
     "Status", "StudySetup", "TargetUnavailable", "Timing", "Topology", "TrialRecord",
     "baseline_candidates", "baseline_plans", "compare_outputs", "confirm_study", "evaluate",

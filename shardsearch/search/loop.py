@@ -161,7 +161,10 @@ def optimize(
         plan, a storage that cannot be opened, or a study that searched
         another workload (a raw step: other argument leaves), mesh, objective
         or space (`search.identity`) — all before any trial, and the last two
-        before anything is written to the study.
+        before anything is written to the study; with `axes`: bad devices or
+        axes, or no split of the devices that shards anything.
+      NothingCompleted: no candidate completed (within the budget): no
+        winner (with `axes`: on no split).
       KeyboardInterrupt: Ctrl-C (or the CLI's SIGTERM); the running trial is
         first failed with the reason "interrupted" and the storage closed.
     """
