@@ -34,7 +34,12 @@ CONFIRM_WITHIN = 1.5
 
 class NothingCompleted(RuntimeError):
     """No candidate of a study completed (within this run's budget): there is
-    no winner to pick."""
+    no winner to pick. `setup` is the study's `StudySetup` when it got that
+    far (None otherwise)."""
+
+    def __init__(self, message: str, setup: StudySetup | None = None):
+        super().__init__(message)
+        self.setup = setup
 
 
 def finish(
@@ -70,7 +75,7 @@ def finish(
         raise NothingCompleted(
             f"no candidate completed in study {study.study_name!r}: "
             + "; ".join(sorted({r.outcome.reason for r in records})[:3])
-            + " — raise the budget, n_trials or compile_timeout")
+            + " — raise the budget, n_trials or compile_timeout", setup)
     by_fp: dict[str, TrialRecord] = {}
     for r in sorted(complete, key=lambda r: r.outcome.value):
         by_fp.setdefault(r.outcome.fingerprint, r)
@@ -90,7 +95,7 @@ def finish(
         raise NothingCompleted(
             f"no completed candidate of study {study.study_name!r} fits this run's budget of "
             f"{ctx.budget} bytes per device with the rules it recorded; raise the budget or "
-            "start another study")
+            "start another study", setup)
     base_records = [r for r in sorted((r for r in complete if r.label != "search"),
                                       key=lambda r: r.outcome.value) if usable(r)]
     # The best baseline and every other one close to the best time: values

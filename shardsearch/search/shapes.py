@@ -12,10 +12,11 @@ the 8 devices over the axes as well as the sharding on each split:
   named after its shape (`<name>/dp=2,tp=4` for a name given; the default
   name already spells the mesh), so a killed run resumes shape by shape
   and a shape's trials are never mixed with another's. In a first round
-  every shape runs its warm start whole (its baselines: a shape is judged
-  by its best known plans), or half the trials split evenly if that is
-  more; so `n_trials` below shapes x baselines is exceeded, and the result
-  says by how much. The trials left go to the better half of the shapes
+  every shape runs its warm start whole and `PROBES` searched trials (a
+  shape is judged by its best known plans, and by a few searched ones where
+  none of those fits), or half the trials split evenly if that is more;
+  so `n_trials` below shapes x (baselines + probes) is exceeded, and the
+  result says by how much. The trials left go to the better half of the shapes
   by what the first round found: their studies resume. The timeout is
   split in proportion to the trials. On a storage that does not outlive a
   call (in memory) there is one round, `n_trials` split evenly;
@@ -49,6 +50,11 @@ from .setup import SearchSettings
 from .study.storage import is_resumable
 
 MeshMaker = Callable[[Mapping[str, int]], jax.sharding.Mesh]
+
+# Searched trials each shape runs in the first round beyond its warm start:
+# where every baseline is over the memory (a plan without the distributed
+# optimizer on a large model), only a searched one can say the shape fits.
+PROBES = 4
 
 
 def factorisations(n: int, k: int) -> list[tuple[int, ...]]:
@@ -151,6 +157,7 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
                          f"mesh: {'; '.join(f'{k}: {v}' for k, v in pruned.items())}")
     results: dict[str, OptimizeResult] = {}
     failed: dict[str, str] = {}
+    setups: dict[str, Any] = {}
 
     def run(text: str, trials: int) -> None:
         share = dataclasses.replace(
@@ -164,7 +171,11 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
         except NothingCompleted as err:
             # Nothing of this shape fits (or ran): the others may.
             failed[text] = str(err)
+            if err.setup is not None:
+                setups.setdefault(text, err.setup)
             return
+        if result.setup is not None:
+            setups.setdefault(text, result.setup)
         assert result is not None  # one process: it searches and records
         results[text] = result
         failed.pop(text, None)
@@ -181,8 +192,7 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
     share, spent = max(settings.n_trials // 2 // len(names), 1), 0
     for text in names:
         run(text, share)
-        setup = results[text].setup if text in results else None
-        warm = len(setup.run_order()) if setup is not None else 0
+        warm = len(setups[text].run_order()) + PROBES if text in setups else 0
         if warm > share:
             run(text, warm - share)
         spent += max(share, warm)
