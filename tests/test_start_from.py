@@ -75,11 +75,17 @@ def test_beside_the_baselines_the_winner_is_never_worse_and_a_resume_skips_it(
 
 
 def test_a_logical_axis_rules_file_starts_a_search_too(mesh24, tmp_path):
-    # The winner of a logical-only search, exported in the Flax/MaxText form.
-    first = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=3, space="logical",
-                        warm_start=False, storage=_storage(tmp_path), study_name="found",
-                        **STATIC)
-    config = ss.export_config(first)
+    # A logical plan, written in the Flax/MaxText form (what a logical-only
+    # search's winner exports to when its optimizer state stays with its
+    # parameters).
+    from shardsearch.search.space.logical import split_rules
+
+    tiny = get_workload("mlp:tiny")
+    axes = ss.discover_logical_axes(tiny.step, tiny.abstract())
+    names = sorted({n for leaf in axes.leaves(0).values() for n in leaf.names if n})
+    assert len(names) >= 2, names
+    state_rule, batch_rule = split_rules(mesh24, axes, {names[0]: "tp", "batch": "dp"})
+    config = plan_config(state_rule, batch_rule, mesh24, workload=tiny)
     data = logical_axis_rules_config(config)
     path = tmp_path / "axes.json"
     path.write_text(json.dumps(data))
@@ -91,10 +97,12 @@ def test_a_logical_axis_rules_file_starts_a_search_too(mesh24, tmp_path):
     starts = start_candidates([path], mesh24)
     assert list(starts) == ["plan:axes"]
     assert starts["plan:axes"].state_rule.kind == "logical"
-    result = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=1, warm_start=False,
-                         start_from=[path], storage=_storage(tmp_path), study_name="again",
-                         space="logical", **STATIC)
-    assert result.best_specs == first.best_specs
+    result = ss.optimize(tiny, mesh=mesh24, n_trials=1, warm_start=False, start_from=[path],
+                         storage=_storage(tmp_path), study_name="again", space="logical",
+                         **STATIC)
+    assert result.best_label == "plan:axes"
+    assert result.best_specs == (state_rule.apply(tiny.abstract()[0]),
+                                 batch_rule.apply_argument(0, tiny.abstract()[1]))
 
 
 def test_bad_start_plans_fail_before_anything_runs(mesh24, tmp_path):

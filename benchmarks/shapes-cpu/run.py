@@ -1,0 +1,182 @@
+"""The mesh's shape searched on 8 simulated CPU devices, against every expert plan on every split.
+
+For each workload (default the `cpu-sim8` suite's four models, "small"),
+`shardsearch.optimize(workload, devices=8, axes=("dp", "tp"))` searches
+every split of the 8 devices and the sharding on each (measured objective).
+Then, in one interleaved run in this process (`shardsearch.search.retime`,
+each plan on its own mesh), the winner is timed against every expert plan
+on every split (dp=1,tp=8 .. dp=8,tp=1: the suite's fixed meshes dp=8,
+dp=2,tp=4 and dp=4,tp=2 among them), and `shardsearch.bench.speedup`
+compares it with the fastest of them: the median of the per-round ratios,
+its 95% interval (order statistics) and a verdict.
+
+    python benchmarks/shapes-cpu/run.py [--workloads mlp:small,...] [--trials N] [--rounds R]
+    python benchmarks/shapes-cpu/run.py --recheck
+
+The first writes `DIR/shapes-cpu.json` and `.md` (default DIR
+`benchmarks/results/shapes-cpu`) and the winners' plan files; `--recheck`
+times each winner (from its plan file) against that best expert again, in
+this fresh process, and adds the recheck to both files.
+
+Simulated devices share the machine's cores: a step's time is mostly the
+total work over the 8 devices, and communication is nearly free, so a
+shape's advantage here is what it saves in work, not in links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import shardsearch as ss
+
+ss.use_cpu_devices(8)
+
+import jax  # noqa: E402
+
+from shardsearch.bench import speedup  # noqa: E402
+from shardsearch.search import Candidate, make_context, resolve, retime  # noqa: E402
+from shardsearch.workloads import expert_plans, get_workload  # noqa: E402
+
+COMMAND = "python benchmarks/shapes-cpu/run.py"
+WORKLOADS = ("mlp:small", "gpt:small", "llama:small", "moe:small")
+SHAPES = ({"dp": 1, "tp": 8}, {"dp": 2, "tp": 4}, {"dp": 4, "tp": 2}, {"dp": 8, "tp": 1})
+
+
+def text(shape) -> str:
+    return ",".join(f"{a}={s}" for a, s in shape.items())
+
+
+def mesh_of(shape):
+    return ss.create_mesh(tuple(shape.values()), tuple(shape))
+
+
+def experts(workload, seed: int) -> list[tuple[str, tuple, object]]:
+    """Every expert plan on every split (replicated left out): `(label, specs,
+    context)`, each context evaluating in this process on its own mesh."""
+    out = []
+    for shape in SHAPES:
+        ctx, _ = make_context(workload, None, mesh_of(shape), objective="measured",
+                              isolate=False, seed=seed)
+        for name, plan in expert_plans(workload, ctx.mesh).plans.items():
+            if name == "replicated":  # the reference, not an expert's plan
+                continue
+            specs, _ = resolve(Candidate(plan.state_rule, plan.batch_rule, name), ctx)
+            if specs is not None:
+                out.append((f"{name}@{text(shape)}", specs, ctx))
+    return out
+
+
+def row(label: str, role: str, timing, fingerprint: str) -> dict:
+    return {"label": label, "role": role, "status": "complete", "fingerprint": fingerprint,
+            "median_seconds": timing.median, "times": list(timing.times)}
+
+
+def compare(winner: tuple, others: list[tuple], rounds: int) -> dict:
+    """One interleaved run of the winner and `others`; the winner against the
+    fastest of them."""
+    timings = retime([winner, *others], winner[2], rounds)
+    rows = [row(winner[0], "winner", timings[winner[0]], "winner")]
+    rows += [row(label, "expert", timings[label], label) for label, _, _ in others]
+    best = min(rows[1:], key=lambda r: r["median_seconds"])
+    return {"winner": rows[0]["label"], "best_expert": best["label"],
+            "medians": {r["label"]: r["median_seconds"] for r in rows},
+            "vs_best_expert": speedup(rows[0], best)}
+
+
+def search(name: str, trials: int, rounds: int, out: Path) -> dict:
+    workload = get_workload(name)
+    start = time.perf_counter()
+    result = ss.optimize(workload, devices=8, axes=("dp", "tp"), n_trials=trials,
+                         confirm_rounds=rounds, quiet=True, seed=0,
+                         storage=f"sqlite:///{out / 'studies.db'}", study_name=name)
+    seconds = time.perf_counter() - start
+    plan_path = result.export(out / f"{name.replace(':', '-')}.plan.json")
+    winner_ctx = result.setup.local_context()
+    label = f"winner {result.best_label}@{text(result.mesh_axes)}"
+    comparison = compare((label, result.best_specs, winner_ctx), experts(workload, 0), rounds)
+    return {"search_seconds": seconds, "shape": text(result.mesh_axes),
+            "label": result.best_label, "plan": plan_path.name, "shapes": result.shapes,
+            "trials": trials, "rounds": rounds, **comparison}
+
+
+def recheck(name: str, record: dict, rounds: int, out: Path) -> dict:
+    """The winner (from its plan file) against the recorded best expert, timed
+    again in this process."""
+    workload = get_workload(name)
+    shape = dict(part.split("=") for part in record["shape"].split(","))
+    mesh = mesh_of({a: int(s) for a, s in shape.items()})
+    ctx, _ = make_context(workload, None, mesh, objective="measured", isolate=False)
+    plan = ss.load_plan(out / record["plan"])
+    specs = tuple(plan.apply(ctx.abstract_args))
+    best = [e for e in experts(workload, 0) if e[0] == record["best_expert"]]
+    return compare((record["winner"], specs, ctx), best, rounds)
+
+
+def table(records: dict) -> str:
+    lines = ["| workload | winner (shape) | best expert (shape) | winner / expert median ms "
+             "| speedup (95% CI) | verdict | recheck speedup (95% CI), verdict | search s |",
+             "|" + "---|" * 8]
+    for name, r in records.items():
+        s = r["vs_best_expert"]
+        again = r.get("recheck", {}).get("vs_best_expert")
+        check = ("-" if again is None else
+                 f"{again['speedup']:.2f} ({again['ratio_ci'][0]:.2f}-"
+                 f"{again['ratio_ci'][1]:.2f}), {again['verdict']}")
+        lines.append(
+            f"| {name} | {r['label']} ({r['shape']}) | {r['best_expert']} | "
+            f"{r['medians'][r['winner']] * 1e3:.2f} / "
+            f"{r['medians'][r['best_expert']] * 1e3:.2f} | {s['speedup']:.2f} "
+            f"({s['ratio_ci'][0]:.2f}-{s['ratio_ci'][1]:.2f}) | {s['verdict']} | {check} | "
+            f"{r['search_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def save(out: Path, args: str, records: dict) -> None:
+    (out / "shapes-cpu.json").write_text(json.dumps({
+        "command": f"{COMMAND} {args}".strip(), "jax": jax.__version__,
+        "python": platform.python_version(), "entries": records}, indent=1, default=str) + "\n")
+    (out / "shapes-cpu.md").write_text(
+        "# The mesh's shape searched on 8 simulated CPU devices\n\n"
+        f"Command: `{COMMAND} {args}`, then `{COMMAND} --recheck` (a fresh process; raw "
+        "figures in `shapes-cpu.json`; what it does: the script's docstring). The winner "
+        "of the shape search against the fastest expert plan on any split of the 8 "
+        "devices, in one interleaved run: speedup = the median of per-round ratios "
+        "expert / winner, with its 95% interval.\n\n" + table(records) + "\n")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--trials", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--out", default="benchmarks/results/shapes-cpu")
+    p.add_argument("--recheck", action="store_true")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "shapes-cpu.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    records = data.get("entries", {})
+    args = data.get("command", "").removeprefix(COMMAND).strip() if a.recheck else (
+        f"--workloads {a.workloads} --trials {a.trials} --rounds {a.rounds}")
+    for name in a.workloads.split(","):
+        if a.recheck:
+            if name in records:
+                records[name]["recheck"] = recheck(name, records[name], a.rounds, out)
+        elif name not in records:
+            print(f"{name}: searching the shape ...", flush=True)
+            records[name] = search(name, a.trials, a.rounds, out)
+        else:
+            continue
+        save(out, args, records)
+        print(table({name: records[name]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
