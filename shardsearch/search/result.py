@@ -54,7 +54,9 @@ class OptimizeResult:
         devices=N, axes=...)`, `search.shapes`): the devices and axes, the
         chosen shape and its verdict, and per shape searched its study, its
         winner and its re-timing; the shapes pruned and those where nothing
-        completed, with the reason; the trials asked and run. None
+        completed, with the reason; the trials asked, and those in the
+        studies of the shapes that completed a candidate ("run"; a failed
+        shape's trials are not counted). None
         for a search on one mesh.
       setup: the study's `StudySetup` (its context, space, baselines and
         replicated reference), so that a benchmark or an export reuses them
