@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -24,6 +24,11 @@ _AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def axis_sizes(mesh: AnyMesh) -> dict[str, int]:
     """Returns `{axis name: size}` in the mesh's axis order."""
     return dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+
+
+def axes_text(sizes: Mapping[str, int]) -> str:
+    """Axis sizes as the `--mesh` spelling: `{"dp": 2, "tp": 4}` → "dp=2,tp=4"."""
+    return ",".join(f"{a}={s}" for a, s in sizes.items())
 
 
 def device_count(mesh: AnyMesh) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..base.mesh import axes_text
 from ..base.target import TARGET_CHIPS, target_of
 from ..cost.chips import HARDWARE
 from ..search.evaluation.context import EXECUTE_TIMEOUT
@@ -301,12 +302,8 @@ def search_shapes(a: argparse.Namespace, chosen: Any, budget: int | None, object
         **options(a, budget, objective, hardware, storage), isolate=a.isolate), storage)
     assert result is not None and result.shapes is not None  # one process
     print(shapes_table(result.shapes))
-    out = Path(a.out or f"shardsearch-{slug(chosen.name)}-{slug(axes_text(result))}.json")
+    out = Path(a.out or f"shardsearch-{slug(chosen.name)}-{slug(axes_text(result.mesh_axes))}.json")
     return write_plan(result, chosen, out, storage)
-
-
-def axes_text(result: Any) -> str:
-    return ",".join(f"{k}={v}" for k, v in result.mesh_axes.items())
 
 
 def shapes_table(shapes: dict[str, Any]) -> str:

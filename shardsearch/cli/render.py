@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..base.mesh import axes_text, axis_sizes
 from ..base.units import format_bytes as _bytes
 from ..cost.breakdown import Breakdown
 from ..search.evaluation.logs import short as short_log_line
@@ -180,9 +181,9 @@ def spec_text(spec: Any) -> str:
 
 def axes(mesh: Any) -> str:
     """A mesh's axes as name=size pairs: "dp=2,tp=4"."""
-    return ",".join(f"{a}={s}" for a, s in zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    return axes_text(axis_sizes(mesh))
 
 
 def axes_of(dims: Sequence[int], names: Sequence[str]) -> str:
     """Axis sizes and names as name=size pairs: (2, 4), ("dp", "tp") → "dp=2,tp=4"."""
-    return ",".join(f"{a}={s}" for a, s in zip(names, dims, strict=True))
+    return axes_text(dict(zip(names, dims, strict=True)))

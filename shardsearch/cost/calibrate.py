@@ -60,7 +60,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..base.mesh import axis_sizes, device_count
+from ..base.mesh import axes_text, axis_sizes, device_count
 from ..base.units import format_bytes
 from .hardware import HardwareModel, collective_axes
 from .hlo import COLLECTIVE_KINDS
@@ -328,7 +328,7 @@ def calibrate(
     device = mesh.devices.flat[0]
     stats = device.memory_stats() or {}
     limit = stats.get("bytes_limit")
-    mesh_text = ",".join(f"{a}={s}" for a, s in axis_sizes(mesh).items())
+    mesh_text = axes_text(axis_sizes(mesh))
     about = _about(device, device_count(mesh), mesh_text, topology, sizes, repeats, trips,
                    seconds, skipped)
     model = HardwareModel(

@@ -28,6 +28,18 @@ from .base import ShardingRule, rule_from_config
 OPTIMIZER_PATHS = r"(^|/)(opt|opt_state)/"
 
 
+def is_optimizer_leaf(path: Any, leaf: Any, pattern: str = OPTIMIZER_PATHS) -> bool:
+    """Whether a leaf (its key path) is optimizer state the rule splits: a
+    non-scalar leaf whose path matches `pattern`."""
+    return bool(_tree.leaf_shape(leaf)) and re.search(pattern, _tree.path_str(path)) is not None
+
+
+def has_optimizer_state(pytree: Any, pattern: str = OPTIMIZER_PATHS) -> bool:
+    """Whether `pytree` holds any leaf `is_optimizer_leaf` accepts."""
+    return any(is_optimizer_leaf(path, leaf, pattern)
+               for path, leaf in jax.tree_util.tree_flatten_with_path(pytree)[0])
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerStateRule(ShardingRule):
     """`rule`'s specs, with the optimizer state also split over `axes`.
@@ -74,14 +86,12 @@ class OptimizerStateRule(ShardingRule):
         if unknown:
             raise ValueError(f"optimizer-state rule: axes {unknown} are not mesh axes "
                              f"{tuple(sizes)}")
-        pattern = re.compile(self.pattern)
         flat, treedef = jax.tree_util.tree_flatten_with_path(pytree)
         spec_leaves = treedef.flatten_up_to(specs)
         out = []
         for (path, leaf), spec in zip(flat, spec_leaves, strict=True):
-            shape = _tree.leaf_shape(leaf)
-            if shape and pattern.search(_tree.path_str(path)):
-                spec = _split(_spec.canonical(spec), shape, self.axes, sizes)
+            if is_optimizer_leaf(path, leaf, self.pattern):
+                spec = _split(_spec.canonical(spec), _tree.leaf_shape(leaf), self.axes, sizes)
             out.append(spec)
         return jax.tree_util.tree_unflatten(treedef, out)
 

@@ -108,4 +108,4 @@ def confirm_study(
 
 
 def _axes(sizes: dict[str, int]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sizes.items())
+    return _mesh.axes_text(sizes)

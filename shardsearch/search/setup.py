@@ -220,7 +220,7 @@ def study_name(label: str, mesh: Any, objective: str, abstract_args: Any) -> str
 
     shapes = jax.tree.map(lambda x: f"{_tree.leaf_shape(x)}:{_tree.leaf_dtype(x)}",
                           abstract_args)
-    axes = ",".join(f"{a}={s}" for a, s in _mesh.axis_sizes(mesh).items())
+    axes = _mesh.axes_text(_mesh.axis_sizes(mesh))
     return f"{label}@{axes}/{objective}/{fingerprint((shapes,))[:8]}"
 
 

@@ -70,11 +70,6 @@ def factorisations(n: int, k: int) -> list[tuple[int, ...]]:
             for rest in factorisations(n // d, k - 1)]
 
 
-def shape_text(shape: Mapping[str, int]) -> str:
-    """`{"dp": 2, "tp": 4}` → "dp=2,tp=4" (the CLI's `--mesh` spelling)."""
-    return ",".join(f"{a}={s}" for a, s in shape.items())
-
-
 def mesh_shapes(devices: int, axes: Sequence[str], args: Any
                 ) -> tuple[list[dict[str, int]], dict[str, str]]:
     """The shapes of `devices` over `axes` worth searching for `args`, and
@@ -97,7 +92,7 @@ def mesh_shapes(devices: int, axes: Sequence[str], args: Any
         idle = [f"{a}={s}" for a, s in shape.items() if s > 1 and not any(d % s == 0
                                                                             for d in dims)]
         if idle:
-            pruned[shape_text(shape)] = (f"{' and '.join(idle)} divides no dimension of any "
+            pruned[_mesh.axes_text(shape)] = (f"{' and '.join(idle)} divides no dimension of any "
                                          "argument: every array would be replicated over it")
         else:
             kept.append(shape)
@@ -147,11 +142,11 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
     meshes = {}
     for shape in shapes:
         try:
-            meshes[shape_text(shape)] = make_mesh(shape)
+            meshes[_mesh.axes_text(shape)] = make_mesh(shape)
         except ValueError as err:
             # A target that cannot lay the shape out (a GPU's tensor axis
             # wider than one host): that shape is not there to search.
-            pruned[shape_text(shape)] = f"no mesh of this shape: {err}"
+            pruned[_mesh.axes_text(shape)] = f"no mesh of this shape: {err}"
     if not meshes:
         raise ValueError(f"no split of {devices} devices over {', '.join(axes)} makes a "
                          f"mesh: {'; '.join(f'{k}: {v}' for k, v in pruned.items())}")

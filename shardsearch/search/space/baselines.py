@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ from ...rules.auto import AutoShardingRule
 from ...rules.base import ShardingRule
 from ...rules.batch import BatchShardingRule
 from ...rules.composite import CompositeShardingRule
-from ...rules.optimizer import OPTIMIZER_PATHS
+from ...rules.optimizer import has_optimizer_state
 from .candidate import Candidate
 from .logical import SPACES, batch_axis_names, split_rules
 from .searchspace import SearchSpace
@@ -309,13 +308,10 @@ def make_space(
         logical = discover(step, args, space)
         if logical is None:
             space = "rules"
-    pattern = re.compile(OPTIMIZER_PATHS)
-    optimizer = any(pattern.search(_tree.path_str(path)) and _tree.leaf_shape(leaf)
-                    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0])
     return SearchSpace(mesh, budget or max(state_bytes, 1),
                        max((math.prod(_tree.leaf_shape(x)) for x in leaves), default=1),
                        extra_rules or {}, space=space, logical=logical,
-                       optimizer_state=bool(optimizer))
+                       optimizer_state=has_optimizer_state(state))
 
 
 class LogicalAxesWarning(ShardsearchWarning):
