@@ -173,3 +173,10 @@ def test_a_shape_where_nothing_completes_is_set_aside_and_the_others_go_on(tmp_p
                                                "a candidate: dp=1,tp=4: over the budget; "):
         search_shapes(get_workload("mlp:tiny"), None, 4, ("dp", "tp"), settings, None,
                       none_fits)
+
+
+def test_no_new_trials_with_a_timeout_still_runs_each_shapes_warm_start(tmp_path):
+    # The timeout is split in proportion to n_trials, which may be 0.
+    result = ss.optimize(get_workload("mlp:tiny"), devices=2, axes=("dp", "tp"), n_trials=0,
+                         timeout=600, storage=f"sqlite:///{tmp_path / 's.db'}", **STATIC)
+    assert set(result.shapes["searched"]) == {"dp=1,tp=2", "dp=2,tp=1"}

@@ -158,7 +158,7 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
         share = dataclasses.replace(
             settings, n_trials=trials,
             timeout=(None if settings.timeout is None
-                     else settings.timeout * trials / settings.n_trials),
+                     else settings.timeout * trials / max(settings.n_trials, 1)),
             study_name=(None if settings.study_name is None
                         else f"{settings.study_name}/{text}"))
         try:
