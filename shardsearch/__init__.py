@@ -12,6 +12,7 @@ along the pipeline (docs/architecture.md).
 
 from ._version import __version__ as __version__
 from .base.analyzer import ShardingAnalyzer as ShardingAnalyzer
+from .base.knobs import Knobs as Knobs
 from .base.mesh import abstract_mesh as abstract_mesh
 from .base.mesh import create_mesh as create_mesh
 from .base.mesh import get_incontext_mesh as get_incontext_mesh
@@ -58,6 +59,7 @@ __all__ = [
     "CompositeShardingRule",
     "HardwareModel",
     "Hybrid",
+    "Knobs",
     "LogicalAxes",
     "LogicalAxisRule",
     "MemoryConstrainedShardingRule",

@@ -87,9 +87,12 @@ def test_an_executor_elsewhere_refuses_finalists_with_their_own_context(mesh24):
     ctx.executor = Counting()
     ctx.executor.runs_here = False
     specs, _ = resolve(baseline_candidates(workload, mesh24)["dp"], ctx)
+    # A context of its own (another study's, another mesh's), not one derived
+    # from ctx for a knob setting, which an executor elsewhere can rebuild.
+    other, _ = make_context(get_workload("mlp:tiny"), None, mesh24, warmup=1, repeats=2)
     with pytest.raises(ValueError, match="finalists with their own context are timed in this "
                                          "process"):
-        retime([("dp", specs, ctx)], ctx, 2)
+        retime([("dp", specs, other)], ctx, 2)
     assert ctx.executor.calls == []
 
 

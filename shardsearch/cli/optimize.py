@@ -95,6 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rules: the seed rules (auto, memory); logical: one assignment of the "
                         "step's logical axes (heads, mlp, ...) to mesh axes; both: the search "
                         "picks the family per trial (default)")
+    p.add_argument("--knobs", nargs="?", const=True, default=None, type=knob_list,
+                   metavar="NAMES",
+                   help="search the workload's step knobs too (remat policy, microbatches): "
+                        "all of them, or those named (e.g. --knobs remat); the plan file "
+                        "records the chosen values")
     p.add_argument("--start-from", action="append", default=[], metavar="PLAN",
                    help="a plan file to evaluate beside the baselines, labelled "
                         "plan:<file name> (an earlier winner, another space's, a smaller "
@@ -267,7 +272,7 @@ def options(a: argparse.Namespace, budget: int | None, objective: Any, hardware:
         repeats=a.repeats, confirm_rounds=a.confirm_rounds,
         compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet,
         space=a.space, execute_timeout=a.execute_timeout, verbose=a.verbose,
-        hardware=hardware, dcn_axes=a.dcn_axes, start_from=a.start_from)
+        hardware=hardware, dcn_axes=a.dcn_axes, start_from=a.start_from, knobs=a.knobs)
 
 
 def search_shapes(a: argparse.Namespace, chosen: Any, budget: int | None, objective: Any,
@@ -465,12 +470,22 @@ def hardware_option(text: str | None, objective: Any) -> Any:
 
 def axis_list(text: str) -> tuple[str, ...]:
     """An argparse type: comma-separated axis names ("dp,pp" → ("dp", "pp"))."""
+    return _names(text, "axis", "dp or dp,pp")
+
+
+def knob_list(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated knob names ("remat,microbatches")."""
+    return _names(text, "knob", "remat or remat,microbatches")
+
+
+def _names(text: str, what: str, example: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(","))
     if not all(names):
-        raise argparse.ArgumentTypeError(f"not a list of axis names: {text!r}; e.g. dp or "
-                                         "dp,pp")
+        raise argparse.ArgumentTypeError(f"not a list of {what} names: {text!r}; e.g. "
+                                         f"{example}")
     if len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"an axis is named twice in {text!r}")
+        raise argparse.ArgumentTypeError(f"a{'n' if what[0] in 'aeiou' else ''} {what} is "
+                                         f"named twice in {text!r}")
     return names
 
 

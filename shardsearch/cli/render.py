@@ -56,8 +56,10 @@ def results_table(config: Mapping[str, Any]) -> str:
             times(row["speedup_vs_replicated"]), times(row["speedup_vs_best_expert"]),
             _bytes(mem), row["timed_in"] or ""))
     t = r["trials"]
+    knobs = config.get("knobs")
     lines = [table(rows, right=(1, 2, 3, 4, 5)),
-             f"* exported ({'the winner' if r['selected'] == 'best' else 'chosen trial'})",
+             f"* exported ({'the winner' if r['selected'] == 'best' else 'chosen trial'})"
+             + (f", step built with {knobs_text(knobs)}" if knobs else ""),
              f"trials: {t['trials']} run, {t['completed']} completed; cut "
              + ", ".join(f"{t.get(s.summary_key, 0)} {_cut_at(s)}" for s in Stage) + "; "
              f"{t['failed']} failed; "
@@ -130,7 +132,14 @@ def plan_header(path: str, config: Mapping[str, Any], plan: Any) -> str:
     lines += [f"    {line}" for line in plan.batch_rule.describe()]
     if plan.batch_spec is not None:
         lines.append(f"  batch spec: {spec_text(plan.batch_spec)}")
+    if plan.knobs:
+        lines.append(f"  step knobs: {knobs_text(plan.knobs)} (make_step(**plan.knobs))")
     return "\n".join(lines)
+
+
+def knobs_text(knobs: Mapping[str, Any]) -> str:
+    """`{"remat": "full", "microbatches": 2}` as "remat=full, microbatches=2"."""
+    return ", ".join(f"{k}={v}" for k, v in knobs.items())
 
 
 def leaf_table(mesh: Any, args: Sequence[Any], specs: Sequence[Any]) -> str:

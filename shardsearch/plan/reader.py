@@ -85,6 +85,9 @@ class ShardingPlan:
       leaves: per argument, the recorded `LeafRecord`s (None without specs).
       results: the file's "results" section (measured numbers), or None.
       source: the file (or "config") the plan came from, for messages.
+      knobs: how to build the step the plan was found for, `{knob: value}`
+        (`make_step(**plan.knobs)`; a knob not listed keeps its default);
+        empty when the search did not choose the step's knobs.
 
     Example:
       >>> plan = load_plan("plan.json")
@@ -100,6 +103,7 @@ class ShardingPlan:
     leaves: tuple[tuple[LeafRecord, ...], ...] | None = None
     results: Mapping[str, Any] | None = None
     source: str = "config"
+    knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def batch_spec(self) -> P | None:
@@ -212,7 +216,14 @@ class ShardingPlan:
         results = config.get("results")
         if results is not None and not isinstance(results, dict):
             raise ValueError(f"{where}: field 'results' must be an object or null")
-        return cls(rule, batch_rule, mesh, recorded, name, fingerprint, leaves, results, where)
+        knobs = config.get("knobs", {})
+        if not isinstance(knobs, dict) or not all(
+                isinstance(k, str) and isinstance(v, str | int | float | bool | None)
+                for k, v in knobs.items()):
+            raise ValueError(f"{where}: field 'knobs' must be an object of knob names to "
+                             f"plain values (e.g. {{\"remat\": \"full\"}}), got {knobs!r}")
+        return cls(rule, batch_rule, mesh, recorded, name, fingerprint, leaves, results, where,
+                   dict(knobs))
 
 
 def load_plan(path: str | os.PathLike[str], mesh: _mesh.AnyMesh | None = None) -> ShardingPlan:

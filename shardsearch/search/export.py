@@ -108,8 +108,13 @@ def export_config(
     # What the search could not read (the study's setup, the chosen trial): only
     # when there is something, so other plan files keep their form.
     notes = list(dict.fromkeys([*(attrs.get(_attrs.NOTES) or ()), *chosen.outcome.notes]))
+    # Every knob when the result knows the declaration, else those the trial
+    # changed from their defaults; absent when the search chose no knobs.
+    knobs = (dict(source.best_knobs) if trial is None and getattr(source, "best_knobs", None)
+             else dict(chosen.knobs))
     return {
         **config,
+        **({"knobs": knobs} if knobs else {}),
         "search": {"study": study.study_name, "workload": name,
                    "objective": attrs.get(_attrs.OBJECTIVE), "seed": attrs.get(_attrs.SEED),
                    "sampler": attrs.get(_attrs.SAMPLER), "budget": attrs.get(_attrs.BUDGET),

@@ -111,7 +111,8 @@ def finish(
     verdict = "unconfirmed"
     winner = finalists[0]
     if ctx.objective.confirms and rounds > 0 and len(finalists) > 1:
-        labelled = [(_name(r), specs[r.outcome.fingerprint]) for r in finalists]
+        labelled = [(_name(r), specs[r.outcome.fingerprint], ctx.with_setting(r.knobs))
+                    for r in finalists]
         confirmation = _confirm.retime(labelled, ctx, rounds)
         base_fps = {r.outcome.fingerprint for r in base_records}
         winner, verdict = pick_winner(
@@ -120,7 +121,8 @@ def finish(
     best_specs = specs[winner.outcome.fingerprint]
     outputs_match = worst = None
     if ctx.objective.confirms:
-        outputs_match, worst = _confirm.compare_outputs(best_specs, setup.reference_specs, ctx)
+        outputs_match, worst = _confirm.compare_outputs(
+            best_specs, setup.reference_specs, ctx.with_setting(winner.knobs))
     best_time = (confirmation[_name(winner)].median if confirmation else winner.outcome.value)
     # The winner as this run evaluated it; a record that only the study holds
     # (an earlier run's, another worker's) is rebuilt from its stored rules.
@@ -133,7 +135,8 @@ def finish(
         outputs_match=outputs_match, max_relative_error=worst, trials=records,
         study=study, objective=ctx.objective.name, budget=ctx.budget,
         mesh_axes=_mesh.axis_sizes(mesh), compiles=ctx.compiles,
-        best_memory=winner.outcome.memory.get("total"), setup=setup)
+        best_memory=winner.outcome.memory.get("total"), setup=setup,
+        best_knobs=ctx.knobs.values(winner.knobs) if ctx.knobs is not None else {})
 
 
 def pick_winner(
@@ -224,10 +227,11 @@ def _usable(record: TrialRecord, setup: StudySetup, specs: dict[str, tuple[Any, 
         return False
     if fp not in specs:
         rebuilt = _stored_candidate(record, ctx.mesh).specs(ctx.abstract_args)
-        if fingerprint(rebuilt) != fp:
+        if fingerprint(rebuilt, record.knobs) != fp:
             warnings.warn(FinalistWarning(
                 f"trial {record.number} ({record.label}) is left out of the finalists: its "
-                f"stored rules now give specs with fingerprint {fingerprint(rebuilt)}, not the "
+                f"stored rules now give specs with fingerprint "
+                f"{fingerprint(rebuilt, record.knobs)}, not the "
                 f"{fp} it was evaluated with (the rules' code changed since)"), stacklevel=4)
             return False
         specs[fp] = rebuilt
@@ -237,4 +241,5 @@ def _usable(record: TrialRecord, setup: StudySetup, specs: dict[str, tuple[Any, 
 def _stored_candidate(record: TrialRecord, mesh: Any) -> Candidate:
     """The candidate of a stored trial, from its rules as the study holds them."""
     return Candidate(rule_from_config(record.state_rule, mesh),
-                     rule_from_config(record.batch_rule, mesh), record.label)
+                     rule_from_config(record.batch_rule, mesh), record.label,
+                     knobs=record.knobs)

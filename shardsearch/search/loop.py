@@ -391,7 +391,8 @@ class _Runner:
             # Recorded by the executor if it ends stuck in this candidate.
             with self.ctx.executor.guard(
                     lambda failed: self.record(trial, candidate, failed, start)):
-                outcome = _evaluate.evaluate(specs, fp, self.ctx, report, estimates=estimates)
+                outcome = _evaluate.evaluate(specs, fp, self.ctx.with_setting(candidate.knobs),
+                                             report, estimates=estimates)
             notes = candidate.notes(self.ctx.abstract_args)
             if notes:
                 outcome = dataclasses.replace(outcome, notes=notes + outcome.notes)
@@ -418,7 +419,8 @@ class _Runner:
                 return self._recorded[trial.number]
             record = TrialRecord(trial.number, candidate.label, dict(trial.params), outcome,
                                  candidate.state_rule.to_config(),
-                                 candidate.batch_rule.to_config(), time.perf_counter() - start)
+                                 candidate.batch_rule.to_config(), time.perf_counter() - start,
+                                 candidate.knobs)
             self._recorded[trial.number] = record
         try:
             for key, value in (record_attrs(record, candidate.readable)

@@ -58,6 +58,9 @@ class OptimizeResult:
         studies of the shapes that completed a candidate ("run"; a failed
         shape's trials are not counted). None
         for a search on one mesh.
+      best_knobs: every knob of the step and its value in the winner
+        (`base.knobs.Knobs.values`: the defaults filled in), when the search
+        chose the step's knobs; `{}` otherwise.
       setup: the study's `StudySetup` (its context, space, baselines and
         replicated reference), so that a benchmark or an export reuses them
         rather than tracing the step again; None for a result rebuilt
@@ -83,6 +86,7 @@ class OptimizeResult:
     confirmed_by: str | None = None
     best_memory: int | None = None
     shapes: dict[str, Any] | None = None
+    best_knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
     setup: StudySetup | None = dataclasses.field(default=None, repr=False)
 
     def summary(self) -> dict[str, int]:
@@ -97,7 +101,8 @@ class OptimizeResult:
         return {
             "best": {"label": self.best_label, "time": self.best_time,
                      "state_rule": self.best_rule.to_config(),
-                     "batch_rule": self.best_batch_rule.to_config(), "specs": specs},
+                     "batch_rule": self.best_batch_rule.to_config(), "specs": specs,
+                     **({"knobs": self.best_knobs} if self.best_knobs else {})},
             "baselines": self.baselines,
             "confirmation": {k: v.to_json() for k, v in self.confirmation.items()},
             "verdict": self.verdict,

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..base import mesh as _mesh
 from ..base import tree as _tree
+from ..base.knobs import Knobs
 from ..base.target import Target, target_of
 from ..base.units import parse_bytes
 from ..base.warnings import warn_notes
@@ -88,6 +89,7 @@ class SearchSettings:
     verbose: bool = False
     dcn_axes: tuple[str, ...] = ()
     distributed: Distributed | None = None
+    knobs: bool | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.n_trials < 0 or (self.timeout is not None and self.timeout <= 0):
@@ -119,6 +121,15 @@ class SearchSettings:
         starts = (starts,) if isinstance(starts, str | os.PathLike) else tuple(starts)
         object.__setattr__(self, "start_from", starts)
         object.__setattr__(self, "dcn_axes", tuple(dcn))
+        knobs = self.knobs
+        if isinstance(knobs, str):
+            knobs = tuple(k for k in knobs.split(",") if k)
+        if not (knobs is None or isinstance(knobs, bool) or (
+                isinstance(knobs, tuple | list) and all(isinstance(k, str) for k in knobs))):
+            raise ValueError(f"optimize: knobs={self.knobs!r}; give True (every knob the step "
+                             "declares), False, or the names of the knobs to search, e.g. "
+                             "('remat', 'microbatches')")
+        object.__setattr__(self, "knobs", tuple(knobs) if isinstance(knobs, list) else knobs)
 
     @classmethod
     def build(cls, settings: SearchSettings | None, options: Mapping[str, Any],
@@ -201,7 +212,8 @@ def prepare(ctx: Context, workload: Workload | None, settings: SearchSettings,
     names the study."""
     abstract_args, mesh = ctx.abstract_args, ctx.mesh
     space = make_space(mesh, abstract_args[0], ctx.budget, settings.extra_rules,
-                       space=settings.space, step=ctx.step, args=abstract_args)
+                       space=settings.space, step=ctx.step, args=abstract_args,
+                       knobs=ctx.knobs)
     baselines = baseline_candidates(workload, mesh, abstract_args, space.logical)
     reference = _evaluate.resolve(baselines["replicated"], ctx)[0]
     label = workload.name if workload is not None else getattr(ctx.step, "__name__", "step")
@@ -355,9 +367,12 @@ def make_context(
 
     settings = SearchSettings.build(settings, options, isolate=False)
     workload = step if isinstance(step, Workload) else None
+    knobs = searched_knobs(step, workload, settings.knobs)
     if workload is not None:
         step = workload.step
         args = workload.abstract() if args is None else args
+    elif isinstance(step, Knobs):
+        step = step.step(())
     if args is None or not isinstance(args, tuple | list) or len(args) < 1:
         raise ValueError("optimize: args must be the tuple (state, *batch) the step takes")
     try:
@@ -379,7 +394,8 @@ def make_context(
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
-                  verbose=settings.verbose, dcn_axes=dcn_axes, target=target)
+                  verbose=settings.verbose, dcn_axes=dcn_axes, target=target,
+                  knobs=knobs, steps=knobs.step if knobs is not None else None)
     if scorer.uses_hardware:
         try:
             ctx.hardware_model()
@@ -405,6 +421,34 @@ def make_context(
         if isolation is not None:
             ctx.executor = isolation
     return ctx, workload
+
+
+def searched_knobs(step: Any, workload: Workload | None,
+                   chosen: bool | tuple[str, ...] | None) -> Knobs | None:
+    """The knobs a search chooses: those `step` declares (a `Knobs`, or a
+    workload's `knobs`) as `chosen` picks them: None searches a `Knobs`
+    step's and none of a workload's (its defaults are the published setups);
+    True all; names those knobs, the others at their defaults. None when
+    nothing is left with more than one value.
+
+    Raises:
+      ValueError: knobs asked of a step that declares none, or a name it
+        does not declare.
+    """
+    declared = step if isinstance(step, Knobs) else (
+        workload.knobs if workload is not None else None)
+    if chosen is False or (chosen is None and not isinstance(step, Knobs)):
+        return None
+    if declared is None:
+        raise ValueError(
+            f"optimize: knobs={chosen!r}, but the step declares no knobs; pass the step as "
+            "shardsearch.Knobs(make_step, {'remat': (...), 'microbatches': (...)}), its "
+            "factory and the values each keyword may take")
+    try:
+        knobs = declared if chosen in (None, True) else declared.only(chosen)
+    except ValueError as err:
+        raise ValueError(f"optimize: {err}") from None
+    return knobs if knobs.searched() else None
 
 
 def _host_args(workload: Workload | None, args: tuple[Any, ...], seed: int,

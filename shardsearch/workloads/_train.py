@@ -148,23 +148,79 @@ def token_cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     return total / (b * s)
 
 
-def make_train_step(loss_fn: LossFn, adam: Adam) -> Callable[[dict, dict], tuple[dict, dict]]:
+def make_train_step(loss_fn: LossFn, adam: Adam,
+                    microbatches: int = 1) -> Callable[[dict, dict], tuple[dict, dict]]:
     """Builds `step(state, batch) -> (state, metrics)` around a loss.
 
     Args:
         loss_fn: `loss_fn(params, batch) -> (loss, extra_metrics)`, where
-            `loss` is the float32 scalar being minimised.
+            `loss` is the float32 scalar being minimised (a mean over the
+            batch).
         adam: optimizer hyper-parameters.
+        microbatches: accumulate the gradient over this many slices of the
+            batch (`accumulate_gradients`), one Adam update at the end: the
+            same update on the same global batch, with the activations of
+            one slice alive at a time. 1: the whole batch at once.
 
     Returns:
         An un-jitted step. `state` is `{"params": ..., "opt": {"mu", "nu",
         "count"}}`; `metrics` is `{"loss": loss, **extra_metrics}`, computed
         on the parameters before the update.
     """
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"make_train_step: microbatches must be an int >= 1, got "
+                         f"{microbatches!r}")
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def step(state: dict, batch: dict) -> tuple[dict, dict]:
-        (loss, extra), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
+        if microbatches == 1:
+            (loss, extra), grads = grad_fn(state["params"], batch)
+        else:
+            (loss, extra), grads = accumulate_gradients(grad_fn, state["params"], batch,
+                                                        microbatches)
         params, opt = adam_update(adam, state["params"], grads, state["opt"])
         return {"params": params, "opt": opt}, {"loss": loss, **extra}
 
     return step
+
+
+def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, dict], Any]],
+                         params: Any, batch: Any, k: int) -> tuple[tuple[jax.Array, dict], Any]:
+    """`grad_fn(params, batch)` as the mean over `k` equal slices of the batch.
+
+    Slice `j` takes rows `j, j + k, j + 2k, ...` of every batch leaf (a
+    `[B, ...]` leaf is viewed as `[B/k, k, ...]`), so a batch split over
+    data-parallel devices in contiguous blocks gives every device its share
+    of every slice and nothing moves between devices. The slices run one at a
+    time under `lax.scan`, summing the gradients in float32; the mean loss,
+    gradient and extra metrics are those of the whole batch when the loss is
+    a mean over it (to rounding).
+
+    Raises:
+        ValueError: a batch leaf's leading dim is not divisible by `k`.
+    """
+    def split(x: jax.Array) -> jax.Array:
+        if x.ndim == 0 or x.shape[0] % k:
+            raise ValueError(f"microbatches={k} must divide every batch leaf's leading dim; "
+                             f"got a leaf of shape {tuple(x.shape)}")
+        return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+    slices = jax.tree_util.tree_map(split, batch)
+    zero = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    shapes = jax.eval_shape(grad_fn, params, jax.tree_util.tree_map(lambda x: x[0], slices))
+    (_, extra_shape), _ = shapes
+    extra0 = jax.tree_util.tree_map(lambda e: jnp.zeros(e.shape, jnp.float32), extra_shape)
+
+    def one(carry: tuple, piece: Any) -> tuple[tuple, None]:
+        total, loss_sum, extra_sum = carry
+        (loss, extra), grads = grad_fn(params, piece)
+        total = jax.tree_util.tree_map(lambda t, g: t + g.astype(jnp.float32), total, grads)
+        extra_sum = jax.tree_util.tree_map(lambda t, e: t + e.astype(jnp.float32),
+                                           extra_sum, extra)
+        return (total, loss_sum + loss.astype(jnp.float32), extra_sum), None
+
+    (total, loss_sum, extra_sum), _ = jax.lax.scan(
+        one, (zero, jnp.zeros((), jnp.float32), extra0), slices)
+    grads = jax.tree_util.tree_map(lambda t, p: (t / k).astype(p.dtype), total, params)
+    extra = jax.tree_util.tree_map(lambda t, e: (t / k).astype(e.dtype), extra_sum, extra_shape)
+    return (loss_sum / k, extra), grads

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..base.knobs import Knobs
 from . import _params, _train
 
 StepFn = Callable[[Any, Any], tuple[Any, dict]]
@@ -40,6 +41,9 @@ class Workload:
         dims: named model sizes the expert plans check divisibility against.
             Keys they read: "batch", "n_heads", "n_kv_heads", "d_ff",
             "vocab", "d_model", "n_experts". Missing keys skip those checks.
+        knobs: the step's knobs (`base.knobs.Knobs`), whose default setting
+            builds `step`; `optimize(workload, knobs=True)` searches them.
+            None: the step has none.
 
     Raises:
         TypeError: a field has the wrong type.
@@ -59,6 +63,7 @@ class Workload:
     n_params: int
     stacked: bool = False
     dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    knobs: Knobs | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -90,12 +95,16 @@ class Workload:
                             f"{', '.join(bad)}")
         # Read-only view so a frozen Workload cannot be changed through its dims.
         object.__setattr__(self, "dims", types.MappingProxyType(dict(self.dims)))
+        if self.knobs is not None and not isinstance(self.knobs, Knobs):
+            raise TypeError(f"Workload {self.name!r}: knobs must be a Knobs or None, got "
+                            f"{type(self.knobs).__name__}")
 
 
 def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.ShapeDtypeStruct],
              make_batch: Callable[[np.random.Generator], dict], loss_fn: _train.LossFn,
              adam: _train.Adam, flops_per_step: float, n_params: int, stacked: bool,
-             dims: Mapping[str, int], abstract_only: bool) -> Workload:
+             dims: Mapping[str, int], abstract_only: bool,
+             remat: tuple[str, Callable[[str], _train.LossFn]] | None = None) -> Workload:
     """Builds a built-in `Workload` from a model's pieces.
 
     Args:
@@ -111,9 +120,13 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
         stacked: stack the "layers" list for `lax.scan`.
         dims: named sizes for the plans' divisibility checks.
         abstract_only: `init` refuses to allocate (real-size presets).
+        remat: `(the model's remat policy, loss for a policy)` when its
+            blocks can be rematerialised: the `remat` knob then offers every
+            policy of `REMAT_CHOICES`, the model's own first.
 
     Returns:
-        The workload.
+        The workload, with its knobs: `microbatches` (the divisors of the
+        batch among 1, 2, 4, 8; `_train.accumulate_gradients`) and `remat`.
     """
 
     def layout(params: dict) -> dict:
@@ -142,6 +155,17 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
         # One transfer per leaf at the end; numpy did all the drawing.
         return jax.tree_util.tree_map(jnp.asarray, (state, batch))
 
+    batch = dims.get("batch", 1)
+    choices: dict[str, tuple[Any, ...]] = {
+        "microbatches": tuple(k for k in MICROBATCH_CHOICES if batch % k == 0)}
+    if remat is not None:
+        own, loss_for = remat
+        choices["remat"] = (own, *(p for p in REMAT_CHOICES if p != own))
+
+    def make_step(microbatches: int = 1, remat: str | None = None) -> StepFn:
+        loss = loss_fn if remat is None or remat == choices["remat"][0] else loss_for(remat)
+        return _train.make_train_step(loss, adam, microbatches)
+
     return Workload(
         name=name,
         step=_train.make_train_step(loss_fn, adam),
@@ -151,7 +175,21 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
         n_params=n_params,
         stacked=stacked,
         dims=dims,
+        knobs=Knobs(make_step, choices),
     )
+
+
+# The step knobs every built-in workload offers (`Workload.knobs`): gradient
+# accumulation over this many microbatches (those dividing the batch), and
+# for models with blocks the remat policy: "none" keeps every activation,
+# "selective" and "full" as `_layers.REMAT_POLICIES`.
+MICROBATCH_CHOICES = (1, 2, 4, 8)
+REMAT_CHOICES = ("none", "selective", "full")
+
+
+def remat_name(remat: bool | str) -> str:
+    """A config's `remat` (False, True, "full", "selective") as a knob value."""
+    return {False: "none", True: "full"}.get(remat, remat)  # type: ignore[call-overload]
 
 
 def token_batch(batch: int, seq: int, vocab: int) -> tuple[dict, Callable]:
@@ -199,8 +237,14 @@ def token_workload(name: str, cfg: Any, param_spec: dict, loss_fn: Callable[...,
     `abstract_only`; `loss_fn(cfg, params, batch)` the model's loss.
     """
     shapes, make_batch = token_batch(cfg.batch, cfg.seq, cfg.vocab)
+
+    def loss_for(policy: str) -> _train.LossFn:
+        changed = dataclasses.replace(cfg, remat=False if policy == "none" else policy)
+        return lambda params, batch: loss_fn(changed, params, batch)
+
     return assemble(
         name=name, param_spec=param_spec, batch_shapes=shapes, make_batch=make_batch,
         loss_fn=lambda params, batch: loss_fn(cfg, params, batch),
         adam=_train.Adam(cfg.learning_rate), flops_per_step=flops_per_step,
-        n_params=n_params, stacked=cfg.stacked, abstract_only=cfg.abstract_only, dims=dims)
+        n_params=n_params, stacked=cfg.stacked, abstract_only=cfg.abstract_only, dims=dims,
+        remat=(remat_name(cfg.remat), loss_for))

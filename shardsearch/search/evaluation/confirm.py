@@ -79,17 +79,22 @@ def retime(
 
     Args:
       finalists: `(label, spec trees)` pairs; a third item, a Context, runs
-        that finalist on its own mesh (the benchmarks' 1-device reference).
+        that finalist with its own step: another knob setting of `ctx`
+        (`ctx.with_setting`), or, in this process only, on its own mesh (the
+        benchmarks' 1-device reference).
       ctx: the study's context (compiles are counted there). The rounds run
         where its executor runs jobs, all of them in one process.
       rounds: timed steps per finalist.
 
     Raises:
-      ValueError: a finalist has its own context while `ctx`'s executor runs
-        elsewhere (interleaving across processes would not be fair).
+      ValueError: a finalist has a context not derived from `ctx` while
+        `ctx`'s executor runs elsewhere (interleaving across processes would
+        not be fair).
       RuntimeError: the worker died or hung (isolated runs).
     """
-    if not ctx.executor.runs_here and any(len(f) > 2 for f in finalists):
+    root = ctx.root or ctx
+    if not ctx.executor.runs_here and any(len(f) > 2 and (f[2].root or f[2]) is not root
+                                          for f in finalists):
         raise ValueError(
             "retime: finalists with their own context are timed in this process; "
             "build the contexts with isolate=False")
@@ -128,7 +133,10 @@ def retime_here(
 def compare_outputs(
     specs: Sequence[Any], reference_specs: Sequence[Any], ctx: Context, rtol: float = 1e-5,
 ) -> tuple[bool, float]:
-    """Runs one step under both spec trees from the same arguments.
+    """Runs one step under both spec trees from the same arguments: `specs`
+    with the step of `ctx`'s knob setting, the reference with the step as
+    given (the default setting), so a knob that changes the numbers
+    (microbatches accumulating the gradient) is checked too.
 
     Returns `(match, worst)`: whether every metric (the step's second output)
     agrees to `rtol`, and, for the record, the worst difference over all
@@ -147,10 +155,10 @@ def compare_outputs_here(
 ) -> tuple[bool, float]:
     """`compare_outputs` in this process: what every executor finally runs."""
     outputs = []
-    for s in (specs, reference_specs):
-        compiled, _ = _evaluate.compile_step(s, ctx)
-        result, _metrics = compiled.monitored(*_evaluate.place(s, ctx))
-        _evaluate.progress(ctx, "step")
+    for s, c in ((specs, ctx), (reference_specs, ctx.with_setting(()))):
+        compiled, _ = _evaluate.compile_step(s, c)
+        result, _metrics = compiled.monitored(*_evaluate.place(s, c))
+        _evaluate.progress(c, "step")
         outputs.append(_evaluate.to_host(result))
     (state, metrics), (ref_state, ref_metrics) = outputs
     match = True

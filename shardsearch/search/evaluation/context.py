@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from ...base.analyzer import ShardingAnalyzer
+from ...base.knobs import Knobs, Setting, setting_text
 from ...base.target import Target
 from ...cost.chips import hardware_for
 from ...cost.hardware import HardwareModel
@@ -65,6 +66,12 @@ class Context:
         devices (`base.target.target_mesh`); None for this host's devices.
         Its chip names the default hardware model, and its compiler's
         verdict on memory is final.
+      knobs: the step's knobs (`base.knobs.Knobs`) the search chooses, or
+        None. In the study process only: a worker gets steps, not factories.
+      steps: gives the step for a knob setting (`with_setting`): `knobs.step`
+        in the study process, the programs it was sent in a worker; None
+        when the step has no knobs.
+      setting: the knob setting `step` was built for; `()`: the step as given.
 
     What changes from trial to trial (the study's recorded estimates) is not
     here: it travels with the trial (`evaluate(..., estimates=...)`).
@@ -87,6 +94,37 @@ class Context:
     progress: Callable[[str], None] | None = None
     dcn_axes: tuple[str, ...] = ()
     target: Target | None = None
+    knobs: Knobs | None = None
+    steps: Callable[[Setting], Callable[..., Any]] | None = None
+    setting: Setting = ()
+    root: Context | None = dataclasses.field(default=None, repr=False)
+
+    def with_setting(self, setting: Setting) -> Context:
+        """This context with the step built for another knob setting.
+
+        The copy shares everything but the step; compiles it counts are
+        counted here too (`count_compiles`).
+
+        Raises:
+          ValueError: a setting other than `()` for a step without knobs.
+        """
+        setting = tuple(setting)
+        if setting == self.setting:
+            return self
+        if self.root is not None and setting == self.root.setting:
+            return self.root
+        if self.steps is None:
+            raise ValueError(f"the step has no knobs, so it cannot be built with "
+                             f"{setting_text(setting)}")
+        root = self.root or self
+        return dataclasses.replace(self, step=self.steps(setting), setting=setting,
+                                   compiles=0, root=root)
+
+    def count_compiles(self, n: int = 1) -> None:
+        """Adds `n` compiles to this context and to the one it was derived from."""
+        self.compiles += n
+        if self.root is not None:
+            self.root.compiles += n
 
     @property
     def analyzer(self) -> ShardingAnalyzer:

@@ -94,7 +94,7 @@ def resolve(candidate: Candidate, ctx: Context) -> tuple[tuple[Any, ...] | None,
         specs = candidate.specs(ctx.abstract_args)
     except (ValueError, TypeError) as err:
         return None, f"rules could not be applied: {err}"
-    return specs, fingerprint(specs)
+    return specs, fingerprint(specs, candidate.knobs)
 
 
 def check(specs: Sequence[Any], fp: str, ctx: Context) -> tuple[Outcome | None, int | None]:
@@ -154,8 +154,8 @@ def compile_step(specs: Sequence[Any], ctx: Context) -> tuple[CompiledStep, floa
         with uncached() if ctx.target is not None else contextlib.nullcontext():
             executable, seconds = monitored.compile(*ctx.abstract_args)
     finally:
-        ctx.compiles += 1
-        if ctx.compiles % CLEAR_CACHES_EVERY == 0:
+        ctx.count_compiles()
+        if (ctx.root or ctx).compiles % CLEAR_CACHES_EVERY == 0:
             # JAX keeps every executable it compiled for a jitted function in its
             # in-process caches; a long study compiles hundreds of distinct ones
             # and runs out of memory (seen: LLVM "Cannot allocate memory", then a

@@ -138,10 +138,14 @@ class Outcome:
         return cls(**data)
 
 
-def fingerprint(specs: Sequence[Any]) -> str:
-    """Stable hash of spec trees: same specs, same string, in any process."""
+def fingerprint(specs: Sequence[Any], knobs: Sequence[tuple[str, Any]] = ()) -> str:
+    """Stable hash of spec trees and the step's knob setting: same specs and
+    knobs, same string, in any process. The default setting `()` adds
+    nothing, so a study without knobs keeps the fingerprints it had."""
     digest = hashlib.sha256()
     for i, tree in enumerate(specs):
         for path, spec in _tree.leaf_specs(tree):
             digest.update(f"{i}:{path}={_spec.canonical(spec)};".encode())
+    for name, value in knobs:
+        digest.update(f"knob:{name}={value!r};".encode())
     return digest.hexdigest()[:16]

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from ...base.knobs import Setting, setting_text
 from ...base.warnings import ShardsearchWarning
 from ..evaluation import logs as _logs
 from ..evaluation.context import Context
@@ -98,6 +99,8 @@ PHASES = {
     "retime": {"compiling": "compiling a finalist", "running": "confirming"},
     "compare": {"compiling": "compiling for the output check",
                 "running": "checking outputs"},
+    "steps": {"compiling": "loading the step of a knob setting",
+              "running": "loading the step of a knob setting"},
 }
 
 
@@ -169,8 +172,12 @@ class Isolation(Base):
       starts: how many workers have started (1 + restarts).
     """
 
-    def __init__(self, folder: Path, transport: str, forced: bool):
+    def __init__(self, folder: Path, transport: str, forced: bool,
+                 workload: Workload | None = None):
         self.folder, self.transport, self.forced = folder, transport, forced
+        self.workload = workload
+        # Knob settings' steps as packed for a worker, and why one cannot travel.
+        self.programs: dict[Setting, tuple[Any, ...] | str] = {}
         self.starts = 0
         self._live: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _cleanup, folder, self._live)
@@ -195,7 +202,8 @@ class Isolation(Base):
                                  "isolate=None or False")
             return None
         device = ctx.mesh.devices.flat[0]
-        program, why = package_step(ctx.step, workload, ctx.abstract_args, device.platform)
+        program, why = package_step(ctx.step, workload, ctx.abstract_args, device.platform,
+                                    ctx.knobs)
         why = "; ".join(w for w in (why, travels(ctx.objective),
                                     travels(ctx.hardware) if ctx.hardware else "") if w)
         folder = None
@@ -214,7 +222,7 @@ class Isolation(Base):
             warnings.warn(f"shardsearch: evaluating candidates in this process, without a "
                           f"worker to survive crashes: {why}", IsolationWarning, stacklevel=4)
             return None
-        return cls(folder, program[0], forced)
+        return cls(folder, program[0], forced, workload)
 
     @property
     def pid(self) -> int | None:
@@ -255,17 +263,18 @@ class Isolation(Base):
         """Stage 2 and the objective in the worker; a lost worker fails the candidate."""
         # The study's recorded estimates change with every trial, so they travel
         # with the job rather than in the payload written once.
-        job = ("evaluate", tuple(specs), fp, dict(memory), run, report is not None,
-               tuple(estimates))
+        job = ("evaluate", ctx.setting, tuple(specs), fp, dict(memory), run,
+               report is not None, tuple(estimates))
         try:
-            return self._request(ctx, job, report)
+            return self._request(ctx, job, report, (ctx,))
         except WorkerLost as lost:
             return Outcome(fp, FAILED, None, str(lost), memory=dict(memory)), lost.log
 
     def nonfinite_under(self, ctx: Context, specs: Sequence[Any]) -> str | None:
         """`evaluate.nonfinite_under` in the worker; None when the worker is lost."""
         try:
-            problem, log = self._request(ctx, ("nonfinite", tuple(specs)))
+            problem, log = self._request(ctx, ("nonfinite", ctx.setting, tuple(specs)),
+                                         contexts=(ctx,))
         except WorkerLost as lost:
             problem, log = None, lost.log
         if ctx.verbose:
@@ -279,8 +288,10 @@ class Isolation(Base):
         Raises:
           RuntimeError: the worker was lost.
         """
-        job = ("retime", [(label, tuple(specs)) for label, specs in finalists], rounds)
-        return self._finishing(ctx, job, "the finalists' re-timing")
+        own = [f[2] if len(f) > 2 else ctx for f in finalists]
+        job = ("retime", [(f[0], tuple(f[1]), c.setting) for f, c in zip(finalists, own,
+                                                                        strict=True)], rounds)
+        return self._finishing(ctx, job, "the finalists' re-timing", own)
 
     def compare_outputs(self, ctx: Context, specs: Sequence[Any],
                         reference_specs: Sequence[Any], rtol: float) -> tuple[bool, float]:
@@ -289,12 +300,13 @@ class Isolation(Base):
         Raises:
           RuntimeError: the worker was lost.
         """
-        job = ("compare", tuple(specs), tuple(reference_specs), rtol)
-        return self._finishing(ctx, job, "the output check")
+        job = ("compare", ctx.setting, tuple(specs), tuple(reference_specs), rtol)
+        return self._finishing(ctx, job, "the output check", (ctx,))
 
-    def _finishing(self, ctx: Context, job: tuple[Any, ...], what: str) -> Any:
+    def _finishing(self, ctx: Context, job: tuple[Any, ...], what: str,
+                   contexts: Sequence[Context]) -> Any:
         try:
-            result, log = self._request(ctx, job)
+            result, log = self._request(ctx, job, contexts=contexts)
         except WorkerLost as lost:
             if ctx.verbose:
                 _logs.echo(lost.log.text, what)
@@ -320,16 +332,24 @@ class Isolation(Base):
         return worker
 
     def _request(self, ctx: Context, job: tuple[Any, ...],
-                 report: Callable[[int, float], bool] | None = None) -> tuple[Any, _logs.LogLines]:
-        """Sends one job and supervises it; `(result, log lines)`.
+                 report: Callable[[int, float], bool] | None = None,
+                 contexts: Sequence[Context] = ()) -> tuple[Any, _logs.LogLines]:
+        """Sends one job and supervises it; `(result, log lines)`. The steps
+        of the knob settings of `contexts` go first, to a worker that lacks
+        them.
 
         Raises:
           WorkerLost: the worker died, hung or raised (it is stopped; the
-            next job starts another).
+            next job starts another), or a setting's step cannot travel.
         """
         for attempt in (1, 2):
             worker = self._worker()
+            missing = {c.setting: self._program(c) for c in contexts
+                       if c.setting not in worker.settings}
             try:
+                if missing:
+                    self._exchange(ctx, worker, ("steps", missing), None)
+                    worker.settings.update(missing)
                 result, restart = self._exchange(ctx, worker, job, report)
             except _Gone:
                 # Gone before it took the job (it had idled out, or died
@@ -389,16 +409,35 @@ class Isolation(Base):
                 worker.send(("prune", bool(report(_index, seconds)) if report else False))
             elif kind == "done":
                 _, result, compiles, restart = message
-                ctx.compiles += compiles
+                ctx.count_compiles(compiles)
                 worker.busy = False
                 return result, restart
             elif kind == "error":
-                ctx.compiles += message[2]
+                ctx.count_compiles(message[2])
                 worker.busy = False
                 raise WorkerLost(f"the worker raised while {phases[event]}: {message[1]}")
             else:
                 raise WorkerLost(f"the worker sent {kind!r}, which the study process does "
                                  "not know; are both the same shardsearch version?")
+
+
+    def _program(self, ctx: Context) -> tuple[Any, ...]:
+        """The step of `ctx`'s knob setting packed for a worker (once per setting).
+
+        Raises:
+          WorkerLost: it cannot travel (say why).
+        """
+        setting = ctx.setting
+        if setting not in self.programs:
+            device = ctx.mesh.devices.flat[0]
+            program, why = package_step(ctx.step, self.workload, ctx.abstract_args,
+                                        device.platform, (ctx.root or ctx).knobs, setting)
+            self.programs[setting] = program if program is not None else why
+        packed = self.programs[setting]
+        if isinstance(packed, str):
+            raise WorkerLost(f"the step with knobs {setting_text(setting)} cannot reach the "
+                             f"worker: {packed}")
+        return packed
 
 
 class _Gone(Exception):
@@ -461,6 +500,7 @@ class _Worker:
         self.pid: int | None = None
         self.offset = 0
         self.busy = False  # between sending a job and its answer
+        self.settings: set[Setting] = {()}  # the knob settings whose steps it has
 
     def alive(self) -> bool:
         return self.process.poll() is None

@@ -141,7 +141,7 @@ class Lockstep(Base):
         self._evaluating = fp, dict(memory)
         try:
             results = self._lead(ctx, ("evaluate", tuple(specs), fp, dict(memory), run,
-                                       tuple(estimates)))
+                                       tuple(estimates), ctx.setting))
         except PeerLost:
             if self._own_failure is None:
                 raise
@@ -157,8 +157,8 @@ class Lockstep(Base):
 
     def nonfinite_under(self, ctx: Context, specs: Sequence[Any]) -> str | None:
         """`evaluate.nonfinite_under` in every process: the first problem found."""
-        for i, (_kind, value, err, _own) in enumerate(self._lead(ctx, ("nonfinite",
-                                                                       tuple(specs)))):
+        job = ("nonfinite", tuple(specs), ctx.setting)
+        for i, (_kind, value, err, _own) in enumerate(self._lead(ctx, job)):
             if err is None and value is not None:
                 return f"process {i}: {value}"
         return None
@@ -170,8 +170,9 @@ class Lockstep(Base):
         Raises:
           RuntimeError: it failed in a process (named).
         """
-        results = self._values(self._lead(ctx, ("retime", [(label, tuple(specs)) for
-                                                          label, specs in finalists], rounds)))
+        job = ("retime", [(f[0], tuple(f[1]), (f[2] if len(f) > 2 else ctx).setting)
+                          for f in finalists], rounds)
+        results = self._values(self._lead(ctx, job))
         out = {}
         for label in results[0]:
             times = tuple(max(r[label].times[j] for r in results)
@@ -188,7 +189,7 @@ class Lockstep(Base):
           RuntimeError: it failed in a process (named).
         """
         results = self._values(self._lead(ctx, ("compare", tuple(specs),
-                                                tuple(reference_specs), rtol)))
+                                                tuple(reference_specs), rtol, ctx.setting)))
         return all(m for m, _w in results), max(w for _m, w in results)
 
     @contextlib.contextmanager
@@ -328,16 +329,18 @@ class Lockstep(Base):
         if kind == "start":
             return signature(ctx)
         if kind == "evaluate":
-            _kind, specs, fp, memory, run, estimates = job
-            outcome, log = self.local.evaluate(ctx, specs, fp, memory, None, run, estimates)
+            _kind, specs, fp, memory, run, estimates, setting = job
+            outcome, log = self.local.evaluate(ctx.with_setting(setting), specs, fp, memory,
+                                               None, run, estimates)
             # The store's messages are small; the count and first line stay whole.
             return outcome, True, _logs.LogLines(log.text[-LOG_CHARS:], log.count, log.first)
         if kind == "nonfinite":
-            return self.local.nonfinite_under(ctx, job[1])
+            return self.local.nonfinite_under(ctx.with_setting(job[2]), job[1])
         if kind == "retime":
-            return self.local.retime(ctx, job[1], job[2])
+            return self.local.retime(ctx, [(label, specs, ctx.with_setting(setting))
+                                           for label, specs, setting in job[1]], job[2])
         if kind == "compare":
-            return self.local.compare_outputs(ctx, job[1], job[2], job[3])
+            return self.local.compare_outputs(ctx.with_setting(job[4]), job[1], job[2], job[3])
         raise ValueError(f"unknown lockstep job {kind!r}")
 
     def _progress(self, event: str) -> None:

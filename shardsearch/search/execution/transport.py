@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from ...base.knobs import Knobs, Setting
 from ..evaluation.evaluate import error_line
 
 if TYPE_CHECKING:
@@ -50,11 +51,17 @@ if TYPE_CHECKING:
 
 
 def package_step(step: Any, workload: Workload | None, abstract_args: Sequence[Any],
-                 platform: str) -> tuple[tuple[Any, ...] | None, str]:
+                 platform: str, knobs: Knobs | None = None,
+                 setting: Setting = ()) -> tuple[tuple[Any, ...] | None, str]:
     """How `step` can reach a worker: `(("export", bytes), "")`, or by reference
-    `(("workload", name, digest) | ("function", step, digest), "")`, or
-    `(None, why not)`. A reference carries `jaxpr_digest` of the step, which
-    the worker checks against the step it rebuilt.
+    `(("workload", name, digest, setting) | ("function", step, digest) |
+    ("factory", make_step, digest, values), "")`, or `(None, why not)`. A
+    reference carries `jaxpr_digest` of the step, which the worker checks
+    against the step it rebuilt.
+
+    `step` is the step under the knob `setting` of `knobs` (`()` and None:
+    the step as given): the workload rebuilt by name builds it from its own
+    knobs, a module-level factory is called with the setting's values.
 
     Example:
       >>> package_step(lambda s, b: (s, {}), None, args, "cpu")[0][0]
@@ -78,9 +85,14 @@ def package_step(step: Any, workload: Workload | None, abstract_args: Sequence[A
     digest = jaxpr_digest(traced)
     if workload is not None:
         if _resolvable(workload.name):
-            return ("workload", workload.name, digest), ""
+            return ("workload", workload.name, digest, tuple(setting)), ""
         problems.append(f"workload {workload.name!r} is neither built in nor a "
                         "'package.module:function' factory")
+    elif knobs is not None:
+        if _importable(knobs.make_step):
+            return ("factory", knobs.make_step, digest, knobs.values(setting)), ""
+        problems.append(f"{getattr(knobs.make_step, '__qualname__', 'make_step')} is not a "
+                        "module-level function of an importable module")
     elif _importable(step):
         return ("function", step, digest), ""
     else:

@@ -112,10 +112,14 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
     def progress(event: str) -> None:
         outbox.send(("event", event))
 
-    return Context(step, abstract_args, mesh, host_args, body["budget"], body["objective"],
-                   body["warmup"], body["repeats"], body["compile_timeout"], body["hardware"],
-                   executor=InProcess(), progress=progress, dcn_axes=body["dcn_axes"],
-                   target=target)
+    # The steps of other knob settings arrive with the jobs that need them ("steps").
+    steps = {(): step}
+    ctx = Context(step, abstract_args, mesh, host_args, body["budget"], body["objective"],
+                  body["warmup"], body["repeats"], body["compile_timeout"], body["hardware"],
+                  executor=InProcess(), progress=progress, dcn_axes=body["dcn_axes"],
+                  target=target, steps=steps.__getitem__)
+    ctx.programs = steps  # type: ignore[attr-defined]  # filled by the "steps" job
+    return ctx
 
 
 def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
@@ -123,16 +127,20 @@ def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
 
     from .transport import jaxpr_digest
 
-    kind, data, *digest = program
+    kind, data, *rest = program
     if kind == "export":
         return jax.export.deserialize(bytearray(data)).call
     if kind == "function":
         step = data
+    elif kind == "factory":
+        step = data(**rest[1])
     else:
         from ...workloads import get_workload
 
-        step = get_workload(data).step
-    if jaxpr_digest(jax.make_jaxpr(step)(*abstract_args)) != digest[0]:
+        workload = get_workload(data)
+        setting = rest[1] if len(rest) > 1 else ()
+        step = workload.knobs.step(setting) if setting else workload.step
+    if jaxpr_digest(jax.make_jaxpr(step)(*abstract_args)) != rest[0]:
         raise RuntimeError(
             f"the step rebuilt in the worker ({data if kind == 'workload' else kind}) traces to "
             "another program than the study's; give the study a step that `jax.export` can "
@@ -155,18 +163,18 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
 
         return report
 
-    def evaluate(specs: Any, fp: str, memory: dict[str, int], run: bool,
+    def evaluate(setting: Any, specs: Any, fp: str, memory: dict[str, int], run: bool,
                  reports: bool, estimates: tuple[float, ...]) -> tuple[Any, bool]:
-        outcome = _evaluate.compile_and_score(specs, fp, ctx, memory,
+        outcome = _evaluate.compile_and_score(specs, fp, ctx.with_setting(setting), memory,
                                               reporter() if reports else None, run, estimates)
         # After a raise or a timed-out compile the worker is not to be trusted
         # with the next candidate; NaN leaves nothing behind.
         return outcome, (outcome.status == FAILED
                          and not outcome.reason.startswith(_evaluate.NONFINITE))
 
-    def nonfinite(specs: Any) -> tuple[str | None, bool]:
+    def nonfinite(setting: Any, specs: Any) -> tuple[str | None, bool]:
         try:
-            return _evaluate.first_steps(specs, ctx), False
+            return _evaluate.first_steps(specs, ctx.with_setting(setting)), False
         except Exception:  # the replicated baseline's own trial records it
             traceback.print_exc()
             return None, True
@@ -174,10 +182,17 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
     jobs: dict[str, Callable[..., tuple[Any, bool]]] = {
         "evaluate": evaluate,
         "nonfinite": nonfinite,
-        "retime": lambda finalists, rounds: (_confirm.retime(finalists, ctx, rounds), False),
-        "compare": lambda specs, reference, rtol: (
-            _confirm.compare_outputs(specs, reference, ctx, rtol), False),
+        "steps": lambda programs: (_install(programs), False),
+        "retime": lambda finalists, rounds: (_confirm.retime(
+            [(label, specs, ctx.with_setting(setting)) for label, specs, setting in finalists],
+            ctx, rounds), False),
+        "compare": lambda setting, specs, reference, rtol: (
+            _confirm.compare_outputs(specs, reference, ctx.with_setting(setting), rtol), False),
     }
+
+    def _install(programs: dict[Any, Any]) -> None:
+        for setting, program in programs.items():
+            ctx.programs[setting] = _step(program, ctx.abstract_args)
     while inbox.poll(IDLE_EXIT):
         try:
             kind, *args = inbox.recv()

@@ -20,6 +20,7 @@ import numpy as np
 from ...base import mesh as _mesh
 from ...base import spec as _spec
 from ...base import tree as _tree
+from ...base.knobs import Knobs
 from ...base.warnings import ShardsearchWarning
 from ...logical.axes import LogicalAxes
 from ...plan.reader import load_rules
@@ -280,6 +281,7 @@ def make_space(
     step: Any = None,
     args: Sequence[Any] | None = None,
     logical: LogicalAxes | None = None,
+    knobs: Knobs | None = None,
 ) -> SearchSpace:
     """The search space `optimize` explores for a state tree on a mesh.
 
@@ -295,6 +297,7 @@ def make_space(
         are discovered once (`discover_logical_axes`) when `space` needs them
         and `logical` is not given.
       logical: the logical axes, already discovered.
+      knobs: the step's knobs the search chooses too (`KnobBlock`), or None.
 
     Raises:
       ValueError: "logical" or "both" without `logical` or `step` and
@@ -311,7 +314,7 @@ def make_space(
     return SearchSpace(mesh, budget or max(state_bytes, 1),
                        max((math.prod(_tree.leaf_shape(x)) for x in leaves), default=1),
                        extra_rules or {}, space=space, logical=logical,
-                       optimizer_state=has_optimizer_state(state))
+                       optimizer_state=has_optimizer_state(state), knobs=knobs)
 
 
 class LogicalAxesWarning(ShardsearchWarning):

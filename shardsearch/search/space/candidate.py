@@ -1,4 +1,4 @@
-"""What one trial tries: a rule for the state and one for the batch."""
+"""What one trial tries: a rule for the state, one for the batch, and the step's knobs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ...base.knobs import Setting, setting_text
 from ...rules.base import ShardingRule, argument_notes, argument_specs
 
 
@@ -18,6 +19,10 @@ class Candidate:
       batch_rule: applied to every other argument (the batch).
       label: "search" for proposals, or the baseline's name ("replicated",
         "default", "fsdp", ...).
+      knobs: the step's knobs that differ from their defaults, as
+        `(name, value)` pairs (`base.knobs.Knobs.setting`): the step this
+        candidate compiles is `knobs.step(candidate.knobs)`. `()`: the step
+        as given (every baseline).
       readable: the parameters that are codes, decoded, as `(name, text)`
         pairs: `(("auto_order", "tp,dp"), ("priority", "auto,memory"))` for
         the Lehmer codes `auto_order_<i>` and `priority_<i>`; empty for
@@ -34,6 +39,7 @@ class Candidate:
     batch_rule: ShardingRule
     label: str = "search"
     readable: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False)
+    knobs: Setting = ()
 
     def __post_init__(self) -> None:
         for name in ("state_rule", "batch_rule"):
@@ -41,6 +47,11 @@ class Candidate:
                 raise TypeError(
                     f"Candidate.{name} must be a ShardingRule, got "
                     f"{type(getattr(self, name)).__name__}")
+
+    @property
+    def knobs_text(self) -> str:
+        """The knobs as a person reads them, `"remat=full,microbatches=2"` or `"-"`."""
+        return setting_text(self.knobs)
 
     def specs(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """Spec trees for `(state, *batch)`."""

@@ -115,12 +115,14 @@ class Draft:
       state_rule, batch_rule: the candidate's rules, once a block has built them.
       readable: the decoded values of coded parameters so far, as `(name,
         text)` pairs (`with_readable`); they become `Candidate.readable`.
+      knobs: the step's knob setting (`Candidate.knobs`), once a block chose it.
     """
 
     rules: tuple[tuple[str, ShardingRule], ...] = ()
     state_rule: ShardingRule | None = None
     batch_rule: ShardingRule | None = None
     readable: tuple[tuple[str, str], ...] = ()
+    knobs: tuple[tuple[str, Any], ...] = ()
 
     def with_rule(self, name: str, rule: ShardingRule) -> Draft:
         """This draft with state rule `name` switched on."""
@@ -146,7 +148,8 @@ class Draft:
         if missing:
             raise ValueError(f"Draft: no block built {missing}; SearchSpace.blocks() needs "
                              "a CompositionBlock (state rule) and a BatchBlock (batch rule)")
-        return Candidate(self.state_rule, self.batch_rule, readable=self.readable)
+        return Candidate(self.state_rule, self.batch_rule, readable=self.readable,
+                         knobs=self.knobs)
 
 
 class ParamBlock(abc.ABC):

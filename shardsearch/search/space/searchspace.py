@@ -25,6 +25,7 @@ from typing import Any
 import optuna
 
 from ...base import mesh as _mesh
+from ...base.knobs import Knobs
 from ...logical.axes import LogicalAxes
 from ...rules.auto import AutoShardingRule
 from ...rules.base import ShardingRule
@@ -228,6 +229,24 @@ class OptimizerStateBlock(ParamBlock):
 
 
 @dataclasses.dataclass(frozen=True)
+class KnobBlock(ParamBlock):
+    """`knob_<name>`: a value for each of the step's knobs that has a choice
+    (`base.knobs.Knobs`: remat policy, microbatches, or a user factory's
+    keywords), in declaration order; the candidate compiles the step they
+    build (`Candidate.knobs`). The last block, in every family; in the space
+    only when the search chooses knobs (`SearchSpace.knobs`).
+    """
+
+    def params(self, space: SearchSpace) -> tuple[Param, ...]:
+        return tuple(Param.categorical(f"knob_{name}", values)
+                     for name, values in space.knobs.searched().items())
+
+    def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
+        chosen = {name: values[f"knob_{name}"] for name in space.knobs.searched()}
+        return dataclasses.replace(draft, knobs=space.knobs.setting(chosen))
+
+
+@dataclasses.dataclass(frozen=True)
 class SearchSpace:
     """The parameters the search explores, over one mesh.
 
@@ -269,6 +288,9 @@ class SearchSpace:
       optimizer_state: the state has optimizer leaves (paths like
         `opt/mu/...`, `rules.optimizer.OPTIMIZER_PATHS`): "logical" and
         "both" then end with `opt_state_axes` (`OptimizerStateBlock`).
+      knobs: the step's knobs the search chooses (`base.knobs.Knobs`): every
+        family then ends with one `knob_<name>` per knob with a choice
+        (`KnobBlock`). None: the step as given.
 
     Example:
       `SearchSpace(mesh, 1 << 30, 1 << 20).suggest(optuna.trial.FixedTrial(
@@ -285,6 +307,7 @@ class SearchSpace:
     logical: LogicalAxes | None = None
     logical_max_axes: int = 6
     optimizer_state: bool = False
+    knobs: Knobs | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra_rules", dict(self.extra_rules))
@@ -348,13 +371,14 @@ class SearchSpace:
     def blocks(self) -> tuple[ParamBlock, ...]:
         """The parameter blocks, in the order their parameters are asked."""
         rules = (AutoRuleBlock(), MemoryRuleBlock(), ExtraRulesBlock(), CompositionBlock())
+        knobs = (KnobBlock(),) if self.knobs is not None and self.knobs.searched() else ()
         if self.space == "rules":
-            return (*rules, BatchBlock())
+            return (*rules, BatchBlock(), *knobs)
         optimizer = (OptimizerStateBlock(),) if self.optimizer_state else ()
         if self.space == "logical":
-            return (BatchBlock(), LogicalBlock(), *optimizer)
+            return (BatchBlock(), LogicalBlock(), *optimizer, *knobs)
         return (FamilyBlock(), *(When(b, "rules") for b in rules), BatchBlock(),
-                When(LogicalBlock(), "logical"), *optimizer)
+                When(LogicalBlock(), "logical"), *optimizer, *knobs)
 
     def params(self) -> tuple[Param, ...]:
         """Every block's parameters, in the order a trial is asked for them.

@@ -53,6 +53,10 @@ BATCH_RULE = "batch_rule"
 """The candidate's batch rule, `ShardingRule.to_config()`."""
 SECONDS = "seconds"
 """Wall seconds of the trial, from proposal to record."""
+KNOBS = "knobs"
+"""The candidate's knob setting (`Candidate.knobs`) as `{name: value}`; only on
+trials whose setting is not the default, so studies without knobs, and those
+recorded before knobs, read as they did."""
 OWNER = "owner"
 """The run that owns the trial (`study.ownership.Owner.to_json()`)."""
 HEARTBEAT = "heartbeat"

@@ -188,6 +188,9 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
     - For an objective that runs the step (`needs_host_args`): `warmup` and
       `repeats`, and `host` (the machine's name): step times from two
       machines are not comparable.
+    - When the search chooses the step's knobs (`ctx.knobs`): `knobs`, each
+      knob with its values, default first ("microbatches=1|2;remat=full|none"):
+      a trial's setting means another step under other defaults.
     """
     out: list[tuple[str, Any]] = [("budget", ctx.budget)]
     if ctx.objective.uses_hardware:
@@ -207,6 +210,9 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
     if ctx.objective.needs_host_args:
         out += [("warmup", ctx.warmup), ("repeats", ctx.repeats),
                 ("host", socket.gethostname())]
+    if ctx.knobs is not None:
+        out.append(("knobs", ";".join(f"{name}=" + "|".join(map(str, values))
+                                      for name, values in ctx.knobs.choices.items())))
     return tuple(out)
 
 

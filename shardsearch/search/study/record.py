@@ -43,6 +43,7 @@ class TrialRecord:
       state_rule, batch_rule: the candidate's rules in their JSON form.
       seconds: wall time the trial took, proposal to record (the search's
         cost of this candidate; near zero for cache hits).
+      knobs: the step's knob setting (`Candidate.knobs`); `()` the default.
     """
 
     number: int
@@ -52,13 +53,14 @@ class TrialRecord:
     state_rule: dict[str, Any]
     batch_rule: dict[str, Any]
     seconds: float = 0.0
+    knobs: tuple[tuple[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The record as JSON; "estimate" and "breakdown" only when it has them."""
+        """The record as JSON; "estimate", "breakdown" and "knobs" only when it has them."""
         out = {"number": self.number, "label": self.label, "params": self.params,
                "outcome": self.outcome.to_json(), "state_rule": self.state_rule,
                "batch_rule": self.batch_rule, "seconds": self.seconds}
-        return out | _estimated(self.outcome)
+        return out | _estimated(self.outcome) | _knobs(self.knobs)
 
     @classmethod
     def from_trial(cls, trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
@@ -84,7 +86,8 @@ class TrialRecord:
                                       breakdown=attrs.get(BREAKDOWN_ATTR))
         return cls(trial.number, attrs.get(_attrs.LABEL, "search"), dict(trial.params), outcome,
                    attrs[_attrs.STATE_RULE], attrs[_attrs.BATCH_RULE],
-                   attrs.get(_attrs.SECONDS, 0.0))
+                   attrs.get(_attrs.SECONDS, 0.0),
+                   tuple((attrs.get(_attrs.KNOBS) or {}).items()))
 
 
 def store_result(study: optuna.Study, summary: dict[str, Any]) -> bool:
@@ -118,8 +121,12 @@ def record_attrs(record: TrialRecord,
     `readable_attrs`)."""
     return {_attrs.SECONDS: record.seconds, _attrs.LABEL: record.label,
             **outcome_attrs(record.outcome), _attrs.STATE_RULE: record.state_rule,
-            _attrs.BATCH_RULE: record.batch_rule, **figure_attrs(record.outcome),
-            **readable_attrs(readable)}
+            _attrs.BATCH_RULE: record.batch_rule, **_knobs(record.knobs),
+            **figure_attrs(record.outcome), **readable_attrs(readable)}
+
+
+def _knobs(knobs: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return {_attrs.KNOBS: dict(knobs)} if knobs else {}
 
 
 def figure_attrs(outcome: Outcome) -> dict[str, Any]:
