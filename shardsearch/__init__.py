@@ -1,6 +1,6 @@
 """shardsearch: find a JAX sharding by compiling and timing the real step.
 
-This is the user's front: the search, its result, plan files, the rules,
+This is the user's front: the search, its result, step knobs, plan files, the rules,
 meshes and processes, the monitored step and the analyzer, the step's logical
 axes, and the hardware models. Extensions and the search's parts (the
 candidate, the outcome, stages, objectives' helpers, the evaluation context)

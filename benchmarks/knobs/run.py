@@ -1,0 +1,109 @@
+"""The published plans with the step's knobs changed, compiled for their chips.
+
+For each chosen entry of the `published-chip` suite, the published plan is
+compiled by the chip's own compiler (deviceless, as `published-chip/run.py`
+does) once per knob setting asked for: the step as published, then with
+gradient accumulation over `k` microbatches or another remat policy
+(`Workload.knobs`). What is compared is what the chip's compiler says of
+memory and what the static objective estimates, per setting; nothing runs.
+
+    python benchmarks/knobs/run.py --entries maxtext-22b-v4-64-fsdp \
+        --settings microbatches=2 --settings microbatches=4 [--out DIR]
+
+writes `DIR/knobs.json` (every figure, appended per entry and setting) and
+`DIR/knobs.md`, default DIR `benchmarks/results/knobs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import shardsearch as ss
+
+ss.use_cpu_devices(1)
+
+from shardsearch.bench import load_suite  # noqa: E402
+from shardsearch.search import Candidate, evaluate, make_context, resolve  # noqa: E402
+from shardsearch.workloads import expert_plan, get_workload  # noqa: E402
+
+GiB = 2**30
+COMMAND = "python benchmarks/knobs/run.py"
+
+
+def parse_setting(text: str) -> dict:
+    out = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        out[name] = int(value) if value.isdigit() else value
+    return out
+
+
+def compile_entry(suite, entry, setting: dict) -> dict:
+    chip = entry.hardware or suite.hardware
+    dims, names = ss.parse_mesh(entry.mesh)
+    mesh = ss.target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
+    workload = get_workload(entry.workload_name)
+    plan = expert_plan(workload, mesh, entry.published.plan)
+    ctx, _ = make_context(workload, None, mesh, objective="static", hardware=ss.HARDWARE[chip],
+                          dcn_axes=entry.dcn_axes, knobs=tuple(setting) or False)
+    knobs = ctx.knobs.setting(setting) if ctx.knobs is not None else ()
+    candidate = Candidate(plan.state_rule, plan.batch_rule, entry.published.plan, knobs=knobs)
+    specs, fp = resolve(candidate, ctx)
+    start = time.perf_counter()
+    outcome = evaluate(specs, fp, ctx.with_setting(knobs))
+    return {"entry": entry.id, "chip": chip, "plan": entry.published.plan,
+            "knobs": setting, "status": outcome.status.value,
+            "cut_stage": outcome.cut_stage.value if outcome.cut_stage else None,
+            "reason": outcome.reason, "estimate": outcome.estimate,
+            "memory": outcome.memory, "chip_memory": ctx.chip_memory(),
+            "budget": ctx.budget, "seconds": time.perf_counter() - start,
+            "command": " ".join([COMMAND, *sys.argv[1:]])}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| entry | knobs | status | memory GiB (args + temps) | chip GiB | estimate s |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["memory"]
+        mem = (f"{m['total'] / GiB:.1f} ({m.get('argument', 0) / GiB:.1f} + "
+               f"{m.get('temp', 0) / GiB:.1f})" if "total" in m else "-")
+        knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items()) or "as published"
+        est = f"{r['estimate']:.2f}" if r["estimate"] is not None else "-"
+        status = r["status"] + (f" at {r['cut_stage']}" if r["cut_stage"] else "")
+        lines.append(f"| {r['entry']} | {knobs} | {status} | {mem} | "
+                     f"{r['chip_memory'] / GiB:.1f} | {est} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--entries", required=True)
+    p.add_argument("--settings", action="append", default=[])
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "knobs"))
+    a = p.parse_args()
+    suite = load_suite("published-chip")
+    by_id = {e.id: e for e in suite.entries}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "knobs.json"
+    rows = json.loads(path.read_text()) if path.exists() else []
+    for entry_id in a.entries.split(","):
+        for text in ["", *a.settings]:
+            setting = parse_setting(text) if text else {}
+            row = compile_entry(suite, by_id[entry_id], setting)
+            print(json.dumps({k: row[k] for k in ("entry", "knobs", "status", "reason",
+                                                  "estimate", "seconds")}), flush=True)
+            rows = [r for r in rows if (r["entry"], r["knobs"]) != (entry_id, setting)] + [row]
+            path.write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "knobs.md").write_text(
+        "# The published plans with the step's knobs changed (compiled for the chip)\n\n"
+        + table(rows) + "\n\nEach row's command is in knobs.json.\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,258 @@
+"""Step knobs (issue 24 item 4): a step built by a factory, its knobs searched
+with the sharding, checked against the step as given, and exported."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optuna
+import pytest
+
+import shardsearch as ss
+from shardsearch.cli import main as _cli
+from shardsearch.search import (
+    Candidate,
+    baseline_candidates,
+    compare_outputs,
+    evaluate,
+    fingerprint,
+    make_context,
+    resolve,
+)
+from shardsearch.search.execution.transport import jaxpr_digest
+from shardsearch.workloads import get_workload
+from shardsearch.workloads._train import accumulate_gradients
+
+
+def make_step(chunks: int = 1, scale: float = 1.0):
+    """A least-squares step whose gradient is averaged over `chunks` slices."""
+
+    def step(state, x):
+        def loss(w, xb):
+            return jnp.mean((xb @ w) ** 2) * scale
+
+        slices = x.reshape(chunks, -1, x.shape[-1])
+        g = sum(jax.grad(loss)(state["w"], slices[i]) for i in range(chunks)) / chunks
+        return {"w": state["w"] - 0.1 * g}, {"loss": loss(state["w"], x)}
+
+    return step
+
+
+@pytest.fixture
+def mesh8():
+    return ss.create_mesh((8,), ("dp",))
+
+
+def _args():
+    x = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    return ({"w": jnp.full((16, 16), 0.01, jnp.float32)}, jnp.asarray(x))
+
+
+# ---------------------------------------------------------------- the declaration
+
+
+@pytest.mark.parametrize("choices, match", [
+    ({}, "must map each knob"),
+    ({"bad-name": (1, 2)}, "identifier"),
+    ({"chunks": ()}, "non-empty"),
+    ({"chunks": (1, 1)}, "listed twice"),
+    ({"chunks": ([1],)}, "None, bool, int, float or str"),
+    ({"chunks": "12"}, "as a sequence"),
+])
+def test_a_malformed_declaration_is_refused_naming_the_knob(choices, match):
+    with pytest.raises(ValueError, match=match):
+        ss.Knobs(make_step, choices)
+
+
+def test_a_setting_keeps_only_what_differs_from_the_defaults_in_declaration_order():
+    knobs = ss.Knobs(make_step, {"chunks": (1, 2, 4), "scale": (1.0, 0.5)})
+    assert knobs.setting({"scale": 0.5, "chunks": 1}) == (("scale", 0.5),)
+    assert knobs.setting({"scale": 1.0, "chunks": 4}) == (("chunks", 4),)
+    assert knobs.setting({}) == ()
+    assert knobs.values((("chunks", 2),)) == {"chunks": 2, "scale": 1.0}
+    assert knobs.step((("chunks", 2),)) is knobs.step((("chunks", 2),))  # built once
+    with pytest.raises(ValueError, match=r"knob chunks=3 is not one of its values \(1, 2, 4\)"):
+        knobs.setting({"chunks": 3})
+    with pytest.raises(ValueError, match=r"knobs \['remat'\] are not declared"):
+        knobs.setting({"remat": "full"})
+    # True is not 1: a bool knob value is its own choice.
+    assert ss.Knobs(make_step, {"chunks": (1, True)}).setting({"chunks": True}) == \
+        (("chunks", True),)
+    only = knobs.only(["scale"])
+    assert only.searched() == {"scale": (1.0, 0.5)}
+    assert only.choices["chunks"] == (1,)
+
+
+def test_the_default_setting_fingerprints_as_a_study_without_knobs():
+    specs = (jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec("dp"))
+    assert fingerprint(specs, ()) == fingerprint(specs)
+    assert fingerprint(specs, (("chunks", 2),)) != fingerprint(specs)
+    assert fingerprint(specs, (("chunks", 2),)) != fingerprint(specs, (("chunks", 4),))
+
+
+# ---------------------------------------------------------------- the built-in knobs
+
+
+@pytest.mark.parametrize("name", ["gpt:tiny", "llama:tiny", "moe:tiny"])
+def test_accumulated_gradients_equal_the_unaccumulated_ones(name):
+    """The numerics check: k microbatches give the whole batch's loss and
+    gradient, to float32 rounding."""
+    w = get_workload(name)
+    state, batch = w.init(0)
+    # The workload's one-microbatch step and its four-microbatch step update alike.
+    one = jax.jit(w.knobs.step(()))(state, batch)
+    four = jax.jit(w.knobs.step((("microbatches", 4),)))(state, batch)
+    np.testing.assert_allclose(one[1]["loss"], four[1]["loss"], rtol=1e-6)
+    # Adam's first moment is (1 - b1) * gradient: compare the gradients themselves.
+    for got, want in zip(jax.tree.leaves(four[0]["opt"]["mu"]),
+                         jax.tree.leaves(one[0]["opt"]["mu"]), strict=True):
+        scale = max(float(np.max(np.abs(want))), 1e-6)
+        assert float(np.max(np.abs(np.asarray(got) - np.asarray(want)))) / scale < 1e-4
+
+
+def test_accumulate_gradients_is_the_mean_over_slices_and_refuses_an_uneven_batch():
+    def grad_fn(w, b):
+        loss = jnp.mean((b["x"] @ w) ** 2)
+        return (loss, {"n": jnp.float32(b["x"].shape[0])}), jax.grad(
+            lambda w: jnp.mean((b["x"] @ w) ** 2))(w)
+
+    w = jnp.eye(4, dtype=jnp.float32)
+    batch = {"x": jnp.arange(32.0, dtype=jnp.float32).reshape(8, 4) / 10}
+    (loss, extra), grads = accumulate_gradients(grad_fn, w, batch, 4)
+    (want_loss, _), want = grad_fn(w, batch)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    np.testing.assert_allclose(grads, want, rtol=1e-6)
+    assert float(extra["n"]) == 2.0  # each slice's own metric, averaged
+    with pytest.raises(ValueError, match=r"microbatches=3 must divide"):
+        accumulate_gradients(grad_fn, w, batch, 3)
+
+
+def test_a_workloads_default_setting_is_its_step():
+    for name in ("mlp:tiny", "gpt:tiny", "llama:tiny"):
+        w = get_workload(name)
+        args = w.abstract()
+        assert jaxpr_digest(jax.make_jaxpr(w.knobs.step(()))(*args)) == \
+            jaxpr_digest(jax.make_jaxpr(w.step)(*args)), name
+    assert get_workload("mlp:tiny").knobs.describe() == {"microbatches": [1, 2, 4, 8]}
+    assert get_workload("llama:7b").knobs.choices["remat"] == ("full", "none", "selective")
+    assert get_workload("gpt:tiny").knobs.choices["remat"] == ("none", "selective", "full")
+
+
+# ---------------------------------------------------------------- the search
+
+
+def test_optimize_searches_a_factorys_knobs_and_exports_them(mesh8, tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    knobs = ss.Knobs(make_step, {"chunks": (1, 2, 4)})
+    result = ss.optimize(knobs, _args(), mesh=mesh8, n_trials=9, storage=storage,
+                         study_name="k", quiet=True, warmup=1, repeats=2, confirm_rounds=2,
+                         isolate=False)
+    space = result.setup.space
+    assert [p.name for p in space.params()][-1] == "knob_chunks"
+    assert {dict(params)["knob_chunks"] for params in space.enumerate()} == {1, 2, 4}
+    searched = [t for t in result.trials if t.label == "search"]
+    settings = {t.knobs for t in searched}
+    assert settings - {()}, "no searched trial changed the knob"
+    assert all(t.knobs == () for t in result.trials if t.label != "search")
+    # A trial's knobs are stored and read back; its fingerprint covers them.
+    stored = optuna.load_study(study_name="k", storage=storage)
+    for t in searched:
+        attrs = stored.trials[t.number].user_attrs
+        assert attrs.get("knobs", {}) == dict(t.knobs)
+        assert attrs["outcome"]["fingerprint"] == t.outcome.fingerprint
+    assert result.best_knobs["chunks"] in (1, 2, 4) and set(result.best_knobs) == {"chunks"}
+    # The output check compared the winner's step with the step as given.
+    assert result.outputs_match is True
+    # A trial that changed the knob exports them; the plan file reads them back.
+    knobbed = next(t for t in searched if t.knobs)
+    config = ss.export_config(stored, trial=knobbed.number)
+    assert config["knobs"] == dict(knobbed.knobs)
+    path = tmp_path / "plan.json"
+    ss.write_config(config, path)
+    assert ss.load_plan(path).knobs == dict(knobbed.knobs)
+    assert json.loads(path.read_text())["knobs"] == dict(knobbed.knobs)
+
+
+def test_a_study_resumed_with_other_knobs_is_refused(mesh8, tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    common = dict(mesh=mesh8, n_trials=3, storage=storage, study_name="k", quiet=True,
+                  warmup=1, repeats=2, confirm_rounds=0, isolate=False)
+    ss.optimize(ss.Knobs(make_step, {"chunks": (1, 2)}), _args(), **common)
+    with pytest.raises(ValueError, match=r"knobs chunks=1\|2\|4"):
+        ss.optimize(ss.Knobs(make_step, {"chunks": (1, 2, 4)}), _args(), **common)
+    with pytest.raises(ValueError, match="no knobs"):
+        ss.optimize(make_step(), _args(), **common)
+
+
+def test_knobs_asked_of_a_step_that_declares_none_say_how(mesh8):
+    with pytest.raises(ValueError, match=r"declares no knobs; pass the step as "
+                                         r"shardsearch.Knobs\(make_step"):
+        make_context(make_step(), _args(), mesh8, knobs=True)
+    with pytest.raises(ValueError, match=r"knobs \['remat'\] are not declared; the step's "
+                                         r"knobs are \['microbatches'\]"):
+        make_context(get_workload("mlp:tiny"), None, mesh8, knobs=("remat",))
+    # A workload's knobs are opt-in: its defaults are what it publishes.
+    ctx, _ = make_context(get_workload("mlp:tiny"), None, mesh8)
+    assert ctx.knobs is None
+    with pytest.raises(ValueError, match="has no knobs"):
+        ctx.with_setting((("microbatches", 2),))
+
+
+def test_a_worker_builds_the_step_of_each_setting(mesh24):
+    """Isolated: the setting travels with the job, the worker rebuilds the
+    workload's step for it, and the outcome is the one in-process gives."""
+    workload = get_workload("gpt:tiny")
+    dp = baseline_candidates(workload, mesh24)["dp"]
+    candidate = Candidate(dp.state_rule, dp.batch_rule, "dp", knobs=(("microbatches", 2),))
+    outcomes = {}
+    for isolate in (False, True):
+        ctx, _ = make_context(workload, None, mesh24, knobs=True, isolate=isolate,
+                              warmup=1, repeats=2)
+        with ctx:
+            assert (type(ctx.executor).__name__ == "Isolation") == isolate
+            specs, fp = resolve(candidate, ctx)
+            knobbed = ctx.with_setting(candidate.knobs)
+            outcomes[isolate] = evaluate(specs, fp, knobbed)
+            assert ctx.compiles == 1  # counted on the study's context too
+            match, worst = compare_outputs(specs, specs, knobbed)
+            assert match and worst < 1e-3
+    assert outcomes[True].status.value == outcomes[False].status.value == "complete"
+    assert outcomes[True].flops == outcomes[False].flops
+    assert outcomes[True].memory["temp"] == outcomes[False].memory["temp"]
+    plain, _ = resolve(dp, ctx)
+    assert outcomes[True].fingerprint != fingerprint(plain)
+
+
+def test_the_cli_searches_a_workloads_knobs_and_refuses_unknown_ones(tmp_path, monkeypatch,
+                                                                      capsys):
+    monkeypatch.chdir(tmp_path)
+    common = ["--workload", "mlp:tiny", "--mesh", "dp=8", "--objective", "static", "--quiet",
+              "--no-isolate", "--no-compile-cache", "--confirm-rounds", "0"]
+    argv = ["optimize", *common, "--trials", "8", "--knobs", "microbatches", "--space",
+            "rules", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", "plan.json"]
+    assert _cli.main(argv) == 0
+    assert "step built with microbatches=" in capsys.readouterr().out
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["knobs"]["microbatches"] in (1, 2, 4, 8)
+    assert _cli.main(["show", "plan.json"]) == 0
+    assert f"step knobs: microbatches={plan['knobs']['microbatches']}" in capsys.readouterr().out
+    argv = ["optimize", *common, "--trials", "2", "--knobs", "remat", "--storage",
+            f"sqlite:///{tmp_path / 't.db'}"]
+    assert _cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0
+    assert "knobs ['remat'] are not declared" in err
+
+
+def test_the_output_check_compares_a_setting_with_the_step_as_given(mesh8):
+    """A knob that changes the numbers (here the loss's scale) fails the
+    check: the reference runs the default setting, not the candidate's."""
+    ctx, _ = make_context(ss.Knobs(make_step, {"scale": (1.0, 0.5), "chunks": (1, 4)}),
+                          _args(), mesh8, warmup=1, repeats=2)
+    specs, _ = resolve(baseline_candidates(None, mesh8, ctx.abstract_args)["replicated"], ctx)
+    assert compare_outputs(specs, specs, ctx.with_setting((("chunks", 4),)))[0] is True
+    match, worst = compare_outputs(specs, specs, ctx.with_setting((("scale", 0.5),)))
+    assert match is False and worst > 0.1
