@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 import shardsearch as ss
-from shardsearch.search.shapes import PROBES, factorisations, mesh_shapes
+from shardsearch.search.shapes import PROBES, ShapeWarning, factorisations, mesh_shapes
 from shardsearch.workloads import get_workload
 
 STATIC = dict(objective="static", quiet=True, isolate=False, confirm_rounds=0)
@@ -140,8 +140,11 @@ def test_a_shape_the_target_cannot_lay_out_is_pruned_with_its_reason():
             raise ValueError(f"tp={shape['tp']} spans more than one host")
         return ss.create_mesh(tuple(shape.values()), tuple(shape), jax.devices()[:4])
 
-    result = ss.optimize(get_workload("mlp:tiny"), devices=4, axes=("dp", "tp"), n_trials=3,
-                         make_mesh=make, storage="sqlite://", **STATIC)
+    with pytest.warns(ShapeWarning, match=r"1 split\(s\) of 4 devices over dp, tp left out "
+                                          r"of the comparison: dp=1,tp=4: no mesh of this "
+                                          "shape: tp=4 spans more than one host"):
+        result = ss.optimize(get_workload("mlp:tiny"), devices=4, axes=("dp", "tp"),
+                             n_trials=3, make_mesh=make, storage="sqlite://", **STATIC)
     assert set(result.shapes["searched"]) == {"dp=2,tp=2", "dp=4,tp=1"}
     # In memory nothing resumes: one round, every trial in it.
     assert sum(row["trials"] for row in result.shapes["searched"].values()) == 3
@@ -161,8 +164,9 @@ def test_a_shape_where_nothing_completes_is_set_aside_and_the_others_go_on(tmp_p
         return optimize(step, args, mesh=mesh, settings=settings)
 
     settings = SearchSettings(n_trials=3, storage=f"sqlite:///{tmp_path / 's.db'}", **STATIC)
-    result = search_shapes(get_workload("mlp:tiny"), None, 4, ("dp", "tp"), settings, None,
-                           tight)
+    with pytest.warns(ShapeWarning, match="dp=1,tp=4: every candidate over the budget"):
+        result = search_shapes(get_workload("mlp:tiny"), None, 4, ("dp", "tp"), settings,
+                               None, tight)
     assert result.shapes["failed"] == {"dp=1,tp=4": "every candidate over the budget"}
     assert set(result.shapes["searched"]) == {"dp=2,tp=2", "dp=4,tp=1"}
 

@@ -60,6 +60,7 @@ from .setup import SearchSettings as SearchSettings
 from .setup import StudySetup as StudySetup
 from .setup import make_context as make_context
 from .setup import prepare as prepare
+from .shapes import ShapeWarning as ShapeWarning
 from .space.baselines import baseline_candidates as baseline_candidates
 from .space.baselines import baseline_plans as baseline_plans
 from .space.baselines import make_space as make_space
@@ -71,7 +72,8 @@ from .study.storage import make_sampler as make_sampler
 __all__ = [
     "OBJECTIVES", "Candidate", "Context", "Executor", "Hybrid", "InProcess", "NothingCompleted",
     "Objective",
-    "OptimizeResult", "Outcome", "ProgramCost", "SearchSettings", "SearchSpace", "Stage",
+    "OptimizeResult", "Outcome", "ProgramCost", "SearchSettings", "SearchSpace", "ShapeWarning",
+    "Stage",
     "Status", "StudySetup", "TargetUnavailable", "Timing", "Topology", "TrialRecord",
     "baseline_candidates", "baseline_plans", "compare_outputs", "confirm_study", "evaluate",
     "export_config", "faster_than", "fingerprint", "get_objective", "make_context",

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,7 @@ import jax
 
 from ..base import mesh as _mesh
 from ..base import tree as _tree
+from ..base.warnings import ShardsearchWarning
 from .evaluation import confirm as _confirm
 from .finish import NothingCompleted, pick_winner
 from .result import OptimizeResult
@@ -55,6 +57,15 @@ MeshMaker = Callable[[Mapping[str, int]], jax.sharding.Mesh]
 # where every baseline is over the memory (a plan without the distributed
 # optimizer on a large model), only a searched one can say the shape fits.
 PROBES = 4
+
+# How a split whose mesh could not be made is recorded in `shapes["pruned"]`.
+NO_MESH = "no mesh of this shape"
+
+
+class ShapeWarning(ShardsearchWarning):
+    """A split of the devices was left out of the shapes compared: its mesh
+    could not be made (a target that cannot lay it out), or nothing of it
+    completed (every candidate over the memory)."""
 
 
 def factorisations(n: int, k: int) -> list[tuple[int, ...]]:
@@ -146,7 +157,7 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
         except ValueError as err:
             # A target that cannot lay the shape out (a GPU's tensor axis
             # wider than one host): that shape is not there to search.
-            pruned[_mesh.axes_text(shape)] = f"no mesh of this shape: {err}"
+            pruned[_mesh.axes_text(shape)] = f"{NO_MESH}: {err}"
     if not meshes:
         raise ValueError(f"no split of {devices} devices over {', '.join(axes)} makes a "
                          f"mesh: {'; '.join(f'{k}: {v}' for k, v in pruned.items())}")
@@ -224,6 +235,14 @@ def _pick(results: dict[str, OptimizeResult], pruned: dict[str, str], failed: di
         raise NothingCompleted(
             f"no split of {devices} devices over {', '.join(axes)} completed a candidate: "
             + "; ".join(f"{text}: {why}" for text, why in failed.items()))
+    # Left out for another reason than dividing nothing (which is the point of
+    # pruning): the mesh could not be made, or nothing of it completed.
+    left = {text: why for text, why in pruned.items() if why.startswith(NO_MESH)} | failed
+    if left:
+        warnings.warn(ShapeWarning(
+            f"{len(left)} split(s) of {devices} devices over {', '.join(axes)} left out of "
+            "the comparison: " + "; ".join(f"{text}: {why}" for text, why in left.items())
+            + " (result.shapes['pruned'] and ['failed'] keep them)"), stacklevel=4)
     retimed: dict[str, _confirm.Timing] = {}
     first = next(iter(results.values()))
     if (len(results) > 1 and first.setup is not None
