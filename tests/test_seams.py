@@ -125,3 +125,21 @@ def test_the_seams_page_covers_the_extension_points():
             "An objective", "A cost model", "A place to run candidates", "A command",
             "A benchmark suite"} <= titles
     assert ss.optimize  # the page's front names exist
+
+
+def test_each_timed_round_of_several_finalists_follows_a_settling_step(mesh24):
+    """A heavy plan slows the next step of whichever plan runs after it
+    (benchmarks/recheck/neighbours.py); the re-timing takes an untimed step
+    of each finalist before its timed one, and none for a lone finalist."""
+    ctx, workload = make_context(get_workload("mlp:tiny"), None, mesh24, warmup=1, repeats=2)
+    plans = baseline_candidates(workload, mesh24)
+    dp, _ = resolve(plans["dp"], ctx)
+    replicated, _ = resolve(plans["replicated"], ctx)
+    steps = []
+    ctx.progress = steps.append
+    retime([("dp", dp), ("replicated", replicated)], ctx, 3)
+    # Per finalist: 1 warm-up, then 3 rounds of a settling step and a timed one.
+    assert steps.count("step") == 2 * (1 + 2 * 3)
+    steps.clear()
+    retime([("dp", dp)], ctx, 3)
+    assert steps.count("step") == 1 + 3

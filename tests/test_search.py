@@ -1,6 +1,7 @@
 """optimize(): the search loop, its three cuts, the cache, resume, confirmation."""
 
 import functools
+import json
 import subprocess
 import sys
 import textwrap
@@ -187,23 +188,56 @@ def test_static_objective_needs_no_concrete_arguments(mesh24, tmp_path, spy):
 
 @pytest.mark.slow
 def test_static_objective_plans_llama_7b_on_64_devices(tmp_path):
+    """The real-size model end to end: searched, estimated, exported, loaded back."""
     script = textwrap.dedent(f"""
+        import json, math
         import shardsearch as ss
         ss.use_cpu_devices(64)
+        import jax
+        from jax.sharding import PartitionSpec as P
         from shardsearch.workloads import get_workload
         mesh = ss.create_mesh((8, 8), ("dp", "tp"))
-        r = ss.optimize(get_workload("llama:7b"), mesh=mesh, n_trials=2, objective="static",
+        workload = get_workload("llama:7b")
+        r = ss.optimize(workload, mesh=mesh, n_trials=2, objective="static",
                         storage="sqlite:///{tmp_path}/s.db", quiet=True, warm_start=True)
-        s = r.summary()
-        print("OK", s["completed"], r.best_label, r.compiles, [t.label for t in r.trials])
+        r.export("{tmp_path}/plan.json")
+        plan = ss.load_plan("{tmp_path}/plan.json")
+
+        def texts(specs):
+            return [str(s) for s in jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))]
+
+        state, _batch = workload.abstract()
+        big_replicated = [
+            str(s) for x, s in zip(jax.tree.leaves(state),
+                                   jax.tree.leaves(r.best_specs[0],
+                                                   is_leaf=lambda x: isinstance(x, P)))
+            if math.prod(x.shape) >= 1 << 20 and all(e is None for e in s)]
+        print("OK " + json.dumps({{
+            "labels": [t.label for t in r.trials],
+            "status": [t.outcome.status.value for t in r.trials],
+            "memory": {{t.label: t.outcome.memory.get("total") for t in r.trials}},
+            "estimate": {{t.label: t.outcome.value for t in r.trials}},
+            "best": r.best_label, "best_time": r.best_time,
+            "big_replicated": big_replicated,
+            "reloaded_same": texts(plan.apply(workload.abstract())) == texts(r.best_specs),
+        }}))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("OK"))
-    assert int(line.split()[1]) >= 1
+    facts = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("OK"))[3:])
     # Two trials: the replicated reference and the default rule, a sharded plan.
-    assert line.endswith("['replicated', 'default']"), line
+    assert facts["labels"] == ["replicated", "default"], facts
+    assert facts["status"] == ["complete", "complete"], facts
+    # The sharded plan wins by its estimate, holds an eighth of the replicated
+    # footprint or less (64 devices), and splits every leaf of a million
+    # elements or more.
+    assert facts["best"] == "default"
+    assert 0 < facts["best_time"] == facts["estimate"]["default"] < facts["estimate"]["replicated"]
+    assert facts["memory"]["default"] * 8 < facts["memory"]["replicated"], facts["memory"]
+    assert facts["big_replicated"] == [], facts["big_replicated"]
+    # The exported plan, loaded back, gives the specs the search evaluated.
+    assert facts["reloaded_same"] is True
 
 
 def test_long_studies_release_jax_caches(mesh24, tmp_path, monkeypatch):

@@ -145,6 +145,43 @@ def test_two_workers_on_sqlite_share_compiles(tmp_path):
     _check_cooperated(trials, [first, second])
 
 
+@pytest.mark.slow
+def test_two_measuring_workers_share_a_study_and_the_last_confirms(tmp_path):
+    """As a user runs them: the measured objective, each candidate in its
+    worker process, the finalists re-timed by the last worker to finish."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    measured = [("measured" if arg == "static" else arg) for arg in COMMAND
+                if arg != "--no-isolate"]
+    measured[measured.index("--confirm-rounds") + 1] = "3"
+    measured += ["--warmup", "1", "--repeats", "3"]
+
+    def worker(name, trials, seed):
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env["JAX_PLATFORMS"] = "cpu"
+        return subprocess.Popen(
+            [sys.executable, "-m", "shardsearch", *measured, "--storage", url, "--trials",
+             str(trials), "--seed", str(seed), "--out", str(tmp_path / f"{name}.json")],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    first, second = worker("a", 6, 1), worker("b", 6, 2)
+    _finish(first, 400)
+    _finish(second, 400)
+    trials = _trials(url)
+    assert len(trials) == 12
+    _check_cooperated(trials, [first, second])
+    # Every trial that ran its step recorded its timed repeats.
+    timed = [t for t in trials if t.user_attrs["outcome"]["status"] == "complete"
+             and not t.user_attrs["outcome"].get("cache_hit")]
+    assert timed and all(len(t.user_attrs["outcome"]["step_times"]) == 3 for t in timed)
+    # The finalists were re-timed once, by the worker that finished last (or,
+    # both finishing at once, by one of them); both wrote the plan.
+    study = optuna.load_study(study_name=STUDY, storage=url)
+    result = study.user_attrs["result"]
+    assert result["confirmed_by"] in (CONFIRMED_HERE, CONFIRMED_ELSEWHERE), result
+    assert result["confirmation"], result
+    assert (tmp_path / "a.json").exists() and (tmp_path / "b.json").exists()
+
+
 def test_workers_on_one_sqlite_file_never_take_the_same_queued_trial(tmp_path):
     # Without serialised transactions, four asking threads took 16 of 40
     # queued trials twice (each thread has its own engine, as a worker does).

@@ -12,6 +12,14 @@ memory and what the static objective estimates, per setting; nothing runs.
 
 writes `DIR/knobs.json` (every figure, appended per entry and setting) and
 `DIR/knobs.md`, default DIR `benchmarks/results/knobs`.
+
+    python benchmarks/knobs/run.py --entries megatron-7.1b-h100-96-tp2 --search 40
+
+searches instead, on the published mesh: `optimize(..., knobs=True)` with
+the static objective under the chip's memory, the published plan as a start
+plan (so the search must beat what the experts ran, knobs as published),
+and writes `DIR/search.json` and `DIR/search.md`: the published plan's
+estimate against the winner's, with the winner's knobs.
 """
 
 from __future__ import annotations
@@ -27,7 +35,14 @@ import shardsearch as ss
 ss.use_cpu_devices(1)
 
 from shardsearch.bench import load_suite  # noqa: E402
-from shardsearch.search import Candidate, evaluate, make_context, resolve  # noqa: E402
+from shardsearch.search import (  # noqa: E402
+    Candidate,
+    evaluate,
+    fingerprint,
+    make_context,
+    plan_config,
+    resolve,
+)
 from shardsearch.workloads import expert_plan, get_workload  # noqa: E402
 
 GiB = 2**30
@@ -64,6 +79,58 @@ def compile_entry(suite, entry, setting: dict) -> dict:
             "command": " ".join([COMMAND, *sys.argv[1:]])}
 
 
+def search_entry(suite, entry, trials: int, out: Path) -> dict:
+    chip = entry.hardware or suite.hardware
+    dims, names = ss.parse_mesh(entry.mesh)
+    mesh = ss.target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
+    workload = get_workload(entry.workload_name)
+    plan = expert_plan(workload, mesh, entry.published.plan)
+    start_plan = ss.write_config(plan_config(plan.state_rule, plan.batch_rule, mesh),
+                                 out / f"{entry.id}.{entry.published.plan}.json")
+    start = time.perf_counter()
+    result = ss.optimize(workload, mesh=mesh, objective="static", n_trials=trials,
+                         hardware=ss.HARDWARE[chip], dcn_axes=entry.dcn_axes, knobs=True,
+                         quiet=True, isolate=False, storage=f"sqlite:///{out / 'studies.db'}",
+                         study_name=f"{entry.id}/knobs", seed=entry.seed,
+                         start_from=[start_plan])
+    label = f"plan:{start_plan.stem}"
+    published = next((t for t in result.trials if t.label == label), None)
+    best = fingerprint(result.best_specs, workload.knobs.setting(result.best_knobs))
+    winner = next(t for t in result.trials if t.outcome.fingerprint == best)
+    return {"entry": entry.id, "chip": chip, "mesh": entry.mesh, "trials": trials,
+            "published_plan": entry.published.plan,
+            "published_estimate": published.outcome.value if published else None,
+            "published_memory": published.outcome.memory.get("total") if published else None,
+            "published_step_seconds": None,
+            "winner": {"label": result.best_label, "trial": winner.number,
+                       "knobs": result.best_knobs, "estimate": result.best_time,
+                       "memory": result.best_memory},
+            "summary": result.summary(), "chip_memory": ctx_memory(result),
+            "seconds": time.perf_counter() - start,
+            "command": " ".join([COMMAND, *sys.argv[1:]])}
+
+
+def ctx_memory(result) -> int | None:
+    return result.setup.context.chip_memory() if result.setup is not None else None
+
+
+def search_table(rows: list[dict]) -> str:
+    lines = ["| entry | published plan | its estimate s | its memory GiB | winner | its knobs | "
+             "its estimate s | its memory GiB | published / winner | trials (completed, cut) |",
+             "|" + "---|" * 10]
+    for r in rows:
+        w, pub = r["winner"], r["published_estimate"]
+        ratio = "-" if not pub or not w["estimate"] else f"{pub / w['estimate']:.2f}x"
+        knobs = ", ".join(f"{k}={v}" for k, v in w["knobs"].items())
+        cut = sum(v for k, v in r["summary"].items() if k.startswith("cut"))
+        lines.append(
+            f"| {r['entry']} | {r['published_plan']} | {pub:.3g} | "
+            f"{r['published_memory'] / GiB:.1f} | {w['label']} (trial {w['trial']}) | {knobs} | "
+            f"{w['estimate']:.3g} | {w['memory'] / GiB:.1f} | {ratio} | {r['trials']} "
+            f"({r['summary'].get('completed', 0)}, {cut}) |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| entry | knobs | status | memory GiB (args + temps) | chip GiB | estimate s |",
              "|---|---|---|---|---|---|"]
@@ -83,6 +150,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--entries", required=True)
     p.add_argument("--settings", action="append", default=[])
+    p.add_argument("--search", type=int, metavar="TRIALS",
+                   help="search the knobs with the sharding instead (see above)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "knobs"))
     a = p.parse_args()
     suite = load_suite("published-chip")
@@ -90,6 +159,20 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "knobs.json"
+    if a.search:
+        path = out / "search.json"
+        rows = json.loads(path.read_text()) if path.exists() else []
+        for entry_id in a.entries.split(","):
+            row = search_entry(suite, by_id[entry_id], a.search, out)
+            print(search_table([row]), flush=True)
+            rows = [r for r in rows if r["entry"] != entry_id] + [row]
+            path.write_text(json.dumps(rows, indent=1) + "\n")
+        (out / "search.md").write_text(
+            "# The step's knobs searched with the sharding, on the published mesh "
+            "(compiled for the chip)\n\n" + search_table(rows)
+            + "\n\nEach row's command is in search.json. Estimates of the static objective; "
+            "nothing ran.\n")
+        return 0
     rows = json.loads(path.read_text()) if path.exists() else []
     for entry_id in a.entries.split(","):
         for text in ["", *a.settings]:

@@ -245,11 +245,16 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     ctx = setup.local_context()
     known = {r.outcome.fingerprint: r.outcome for r in result.trials
              if r.outcome.fingerprint and not r.outcome.cache_hit}
-    win_fp = _evaluate.fingerprint(result.best_specs)
+    # A winner with knobs off their defaults is timed with the step they build.
+    setting = ctx.knobs.setting(result.best_knobs) if ctx.knobs is not None else ()
+    win_fp = _evaluate.fingerprint(result.best_specs, setting)
     win_trial = min((r.number for r in result.trials
                      if r.outcome.fingerprint == win_fp and r.outcome.status == COMPLETE),
                     default=None)
-    plans = [_plan_row("winner", "winner", result.best_specs, ctx, known)]
+    plans = [_plan_row("winner", "winner", result.best_specs, ctx.with_setting(setting), known,
+                       knobs=setting)]
+    if setting:
+        plans[0]["context"] = ctx.with_setting(setting)
     plans[0]["source"] = (f"search (trial {win_trial})" if result.best_label == "search"
                           else result.best_label)
     plans[0]["family"] = "logical" if result.best_rule.kind == "logical" else "rules"
@@ -347,16 +352,17 @@ def _finished_trials(storage: str, study_name: str) -> int:
 
 
 def _plan_row(label: str, role: str, specs: Any, ctx: Any, known: Mapping[str, Any],
-              invalid: str = "") -> dict[str, Any]:
+              invalid: str = "", knobs: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
     """A plan's fit and memory: from the search's record of its specs when it
-    has one, else checked here (analyzer, then a compile for XLA's numbers)."""
+    has one, else checked here (analyzer, then a compile for XLA's numbers).
+    `knobs`: the step's knob setting `ctx` was built for (`Context.with_setting`)."""
     row: dict[str, Any] = {"label": label, "role": role, "specs": specs, "fits": False,
                            "status": None, "reason": None, "median_seconds": None,
                            "ci_seconds": None, "times": [], "timed_as": None}
     if specs is None:
         return {**row, "fingerprint": None, "status": "invalid", "reason": invalid,
                 "memory_per_device": {}}
-    fp = _evaluate.fingerprint(specs)
+    fp = _evaluate.fingerprint(specs, knobs)
     row["fingerprint"] = fp
     outcome = known.get(fp)
     if outcome is None or (ctx.objective.needs_host_args and "total" not in outcome.memory
