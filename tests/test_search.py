@@ -195,6 +195,7 @@ def test_static_objective_plans_llama_7b_on_64_devices(tmp_path):
         ss.use_cpu_devices(64)
         import jax
         from jax.sharding import PartitionSpec as P
+        from shardsearch.rules.base import argument_specs
         from shardsearch.workloads import get_workload
         mesh = ss.create_mesh((8, 8), ("dp", "tp"))
         workload = get_workload("llama:7b")
@@ -220,6 +221,8 @@ def test_static_objective_plans_llama_7b_on_64_devices(tmp_path):
             "best": r.best_label, "best_time": r.best_time,
             "big_replicated": big_replicated,
             "reloaded_same": texts(plan.apply(workload.abstract())) == texts(r.best_specs),
+            "rules_same": texts(argument_specs(plan.rule, plan.batch_rule,
+                                               workload.abstract())) == texts(r.best_specs),
         }}))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -236,8 +239,10 @@ def test_static_objective_plans_llama_7b_on_64_devices(tmp_path):
     assert 0 < facts["best_time"] == facts["estimate"]["default"] < facts["estimate"]["replicated"]
     assert facts["memory"]["default"] * 8 < facts["memory"]["replicated"], facts["memory"]
     assert facts["big_replicated"] == [], facts["big_replicated"]
-    # The exported plan, loaded back, gives the specs the search evaluated.
+    # The exported plan, loaded back, gives the specs the search evaluated:
+    # those it recorded, and its rules applied afresh.
     assert facts["reloaded_same"] is True
+    assert facts["rules_same"] is True
 
 
 def test_long_studies_release_jax_caches(mesh24, tmp_path, monkeypatch):
