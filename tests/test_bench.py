@@ -592,3 +592,22 @@ def test_a_target_suite_compiles_every_entry_for_its_chip(tmp_path):
     measured = {**entry, "objective": "measured"}
     with pytest.raises(ValueError, match="a target suite compiles for the entry's chip"):
         load_suite(str(_suite(tmp_path, [measured], target=True)))
+
+
+def test_an_entry_may_search_the_workloads_knobs(tmp_path):
+    entry = {**TINY, "id": "knobbed", "trials": 10, "objective": "static", "space": "rules",
+             "knobs": ["microbatches"]}
+    path = _suite(tmp_path, [entry])
+    assert load_suite(str(path)).entries[0].to_json()["knobs"] == ["microbatches"]
+    argv = ["bench", "--suite", str(path), "--out", str(tmp_path / "out"), "--rules",
+            str(tmp_path / "rules"), "--quiet"]
+    assert _cli.main(argv) == 0
+    record = json.loads((tmp_path / "out" / "tiny" / "entries" / "knobbed.json").read_text())
+    plan = json.loads((tmp_path / "rules" / "tiny" / "knobbed.json").read_text())
+    winner = next(p for p in record["plans"] if p["role"] == "winner")
+    assert winner["knobs"] == plan["knobs"] and plan["knobs"]["microbatches"] in (1, 2, 4, 8)
+    # An entry without knobs keeps the form entries had before them.
+    assert "knobs" not in load_suite(str(_suite(tmp_path, [{**TINY, "id": "a"}]))) \
+        .entries[0].to_json()
+    with pytest.raises(ValueError, match=r"knobs 'remat': give true"):
+        load_suite(str(_suite(tmp_path, [{**TINY, "id": "b", "knobs": "remat"}])))

@@ -236,6 +236,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         storage=storage, study_name=study_name, seed=entry.seed, warmup=suite.warmup,
         repeats=repeats, confirm_rounds=rounds or suite.rounds,
         hardware=hardware, quiet=quiet, space=entry.space, dcn_axes=entry.dcn_axes,
+        knobs=entry.knobs,
         start_from=[start_plan] if start_plan is not None else [])
     wall = time.perf_counter() - start
     log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
@@ -255,6 +256,8 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
                        knobs=setting)]
     if setting:
         plans[0]["context"] = ctx.with_setting(setting)
+    if result.best_knobs:
+        plans[0]["knobs"] = dict(result.best_knobs)
     plans[0]["source"] = (f"search (trial {win_trial})" if result.best_label == "search"
                           else result.best_label)
     plans[0]["family"] = "logical" if result.best_rule.kind == "logical" else "rules"

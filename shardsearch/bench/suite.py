@@ -45,10 +45,10 @@ QUARTER = "quarter"
 # ran on the chip, so CPU figures above the chip's memory overstate the chip's.
 PUBLISHED = "published"
 _ENTRY_KEYS = ("id", "workload", "size", "mesh", "trials", "timeout", "budget", "objective",
-               "seed", "space", "spec", "hardware", "dcn_axes", "published")
+               "seed", "space", "spec", "hardware", "dcn_axes", "published", "knobs")
 # Fields entries of the first suites never had: recorded only when set, so
 # those suites' entry files keep their form.
-OPTIONAL_KEYS = ("spec", "hardware", "dcn_axes", "published")
+OPTIONAL_KEYS = ("spec", "hardware", "dcn_axes", "published", "knobs")
 _SUITE_KEYS = ("schema", "suite", "description", "platform", "devices", "simulated", "hardware",
                "timing", "entries", "target")
 _TIMING_KEYS = ("warmup", "repeats", "rounds")
@@ -78,6 +78,9 @@ class Entry:
       dcn_axes: mesh axes that cross hosts (`optimize(dcn_axes=...)`).
       published: a measured run to compare with (`bench.published.Published`);
         None for an ordinary entry.
+      knobs: the workload's step knobs the search chooses too
+        (`optimize(knobs=...)`): true for all, or a list of their names;
+        None (left out) for none.
 
     Example: `Entry("gpt-dp2-tp4", "gpt", "small", "dp=2,tp=4", trials=40)`.
     """
@@ -96,6 +99,7 @@ class Entry:
     hardware: str | None = None
     dcn_axes: tuple[str, ...] = ()
     published: Published | None = None
+    knobs: bool | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("id", "workload", "size", "mesh"):
@@ -141,6 +145,15 @@ class Entry:
             raise ValueError(f"dcn_axes names {stray[0]!r}, not an axis of mesh {self.mesh!r}")
         if self.published is not None and not isinstance(self.published, Published):
             object.__setattr__(self, "published", Published.from_json(self.published))
+        knobs = self.knobs
+        if isinstance(knobs, list | tuple):
+            if not knobs or not all(isinstance(k, str) and k for k in knobs):
+                raise ValueError(f"knobs {knobs!r}: give true, or a non-empty list of the "
+                                 "workload's knob names")
+            object.__setattr__(self, "knobs", tuple(knobs))
+        elif knobs not in (None, True, False):
+            raise ValueError(f"knobs {knobs!r}: give true (every knob the workload declares) "
+                             "or a list of knob names, e.g. [\"remat\"]")
         if self.budget == PUBLISHED and self.published is None:
             raise ValueError(f"budget {PUBLISHED!r} needs a 'published' run to take the plan "
                              "from; give one, or another budget")
@@ -159,6 +172,7 @@ class Entry:
         out["spec"] = dict(self.spec) if self.spec is not None else None
         out["dcn_axes"] = list(self.dcn_axes)
         out["published"] = self.published.to_json() if self.published else None
+        out["knobs"] = list(self.knobs) if isinstance(self.knobs, tuple) else self.knobs
         for key in OPTIONAL_KEYS:
             if not out[key]:
                 del out[key]
