@@ -141,6 +141,32 @@ def test_two_processes_search_one_mesh(tmp_path):
     assert json.loads(plan.read_text())["mesh"]
 
 
+@pytest.mark.slow
+def test_two_processes_build_each_candidates_knob_setting(tmp_path):
+    """Lockstep with the step's knobs: the setting travels with each job and
+    every process compiles the step it builds."""
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    plan = tmp_path / "plan.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "shardsearch", "launch", "--processes", "2",
+         "--devices-per-process", "4", "--", *SEARCH, "--trials", "10", "--confirm-rounds", "2",
+         "--knobs", "microbatches", "--storage", storage, "--study", "knobs", "--out",
+         str(plan)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    trials = _study(storage, "knobs").get_trials(deepcopy=False)
+    assert all(t.state.is_finished() for t in trials)
+    knobbed = [t for t in trials if t.user_attrs.get("knobs")
+               and t.user_attrs["outcome"]["status"] == "complete"
+               and not t.user_attrs["outcome"].get("cache_hit")]
+    assert knobbed, [(t.number, t.params) for t in trials]
+    for t in knobbed:
+        assert t.params["knob_microbatches"] == t.user_attrs["knobs"]["microbatches"] != 1
+        per_process = t.user_attrs[PROCESS_TIMES_ATTR]
+        assert len(per_process) == 2 and all(len(p) == 3 for p in per_process)
+    assert json.loads(plan.read_text())["knobs"]["microbatches"] in (1, 2, 4, 8)
+
+
 def _start(i, port, storage, trials, tmp_path, workload="mlp:tiny", study="kill",
            options=("--lockstep-timeout", "5"), env=None):
     search = [workload if a == "mlp:tiny" else a for a in SEARCH]
