@@ -156,7 +156,8 @@ def test_optimize_searches_a_factorys_knobs_and_exports_them(mesh8, tmp_path):
     searched = [t for t in result.trials if t.label == "search"]
     settings = {t.knobs for t in searched}
     assert settings - {()}, "no searched trial changed the knob"
-    assert all(t.knobs == () for t in result.trials if t.label != "search")
+    assert all(t.knobs == () for t in result.trials if t.label != "search" and "~" not in t.label)
+    assert all(t.knobs for t in result.trials if "~" in t.label)  # the best baseline's variants
     # A trial's knobs are stored and read back; its fingerprint covers them.
     stored = optuna.load_study(study_name="k", storage=storage)
     for t in searched:
@@ -256,3 +257,26 @@ def test_the_output_check_compares_a_setting_with_the_step_as_given(mesh8):
     assert compare_outputs(specs, specs, ctx.with_setting((("chunks", 4),)))[0] is True
     match, worst = compare_outputs(specs, specs, ctx.with_setting((("scale", 0.5),)))
     assert match is False and worst > 0.1
+
+
+def test_the_best_baselines_knob_variants_run_after_the_baselines(mesh8, tmp_path):
+    workload = get_workload("mlp:tiny")
+    result = ss.optimize(workload, mesh=mesh8, n_trials=14, objective="static",
+                         knobs=("microbatches",), storage=f"sqlite:///{tmp_path / 's.db'}",
+                         study_name="v", quiet=True, isolate=False, space="rules")
+    labels = [t.label for t in result.trials]
+    order = list(result.setup.run_order())
+    assert labels[:len(order)] == order
+    done = [t for t in result.trials[:len(order)] if t.outcome.status.value == "complete"]
+    best = min(done, key=lambda t: t.outcome.value)
+    variants = result.trials[len(order):len(order) + 3]
+    assert [t.label for t in variants] == [f"{best.label}~microbatches={k}" for k in (2, 4, 8)]
+    assert [t.knobs for t in variants] == [(("microbatches", k),) for k in (2, 4, 8)]
+    assert all(t.state_rule == best.state_rule and t.batch_rule == best.batch_rule
+               for t in variants)
+    assert labels[len(order) + 3:] == ["search"] * (14 - len(order) - 3)
+    # Reported beside the baselines, never counted as an expert's plan.
+    config = ss.export_config(result)
+    rows = {row["label"] for row in config["results"]["baselines"]}
+    assert {t.label for t in variants} <= rows
+    assert "~" not in (config["results"]["best_expert"] or "")

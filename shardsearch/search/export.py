@@ -29,6 +29,7 @@ from .evaluation.objectives import OBJECTIVES
 from .evaluation.outcome import Outcome
 from .evaluation.stages import COMPLETE, stage_label
 from .space.baselines import START_PREFIX
+from .space.candidate import is_variant
 from .study import attrs as _attrs
 from .study.identity import check_workload
 from .study.ownership import INTERRUPTED
@@ -216,7 +217,7 @@ def _results(chosen: TrialRecord, records: list[TrialRecord],
     # A start plan (`optimize(start_from=...)`) is an earlier answer, not an expert's.
     experts = {k: v["median_seconds"] for k, v in rows.items()
                if k not in NOT_EXPERT and not k.startswith(START_PREFIX)
-               and v["median_seconds"] is not None}
+               and not is_variant(k) and v["median_seconds"] is not None}
     best_expert = min(experts, key=lambda k: (experts[k], k)) if experts else None
     replicated = rows.get("replicated", {}).get("median_seconds")
     for row in (winner, *rows.values()):

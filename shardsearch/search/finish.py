@@ -24,7 +24,7 @@ from .evaluation.outcome import fingerprint
 from .evaluation.stages import COMPLETE
 from .result import OptimizeResult
 from .setup import StudySetup
-from .space.candidate import Candidate
+from .space.candidate import Candidate, is_variant
 from .study.record import TrialRecord
 
 # Baselines whose search time is within this factor of the best are re-timed
@@ -83,6 +83,9 @@ def finish(
     for r in complete:
         if r.label != "search":
             baselines.setdefault(r.label, r.outcome.value)
+    # A baseline's knob variant is reported beside it but competes as a
+    # searched plan: it must be faster to win.
+    known = [r for r in complete if r.label != "search" and not is_variant(r.label)]
     checked: dict[int, bool] = {}
 
     def usable(r: TrialRecord) -> bool:
@@ -96,8 +99,7 @@ def finish(
             f"no completed candidate of study {study.study_name!r} fits this run's budget of "
             f"{ctx.budget} bytes per device with the rules it recorded; raise the budget or "
             "start another study", setup)
-    base_records = [r for r in sorted((r for r in complete if r.label != "search"),
-                                      key=lambda r: r.outcome.value) if usable(r)]
+    base_records = [r for r in sorted(known, key=lambda r: r.outcome.value) if usable(r)]
     # The best baseline and every other one close to the best time: values
     # from the search were measured minutes apart, and a plan 20% behind
     # there can come out ahead when timed side by side.

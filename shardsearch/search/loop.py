@@ -32,7 +32,7 @@ from .result import OptimizeResult
 from .setup import SearchSettings, StudySetup, make_context, prepare, start_executor
 from .shapes import search_shapes
 from .space.baselines import start_candidates
-from .space.candidate import Candidate
+from .space.candidate import Candidate, knob_variants
 from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
 from .study.identity import IdentityMismatch, bind_study, identity_of, trial_values
@@ -206,7 +206,7 @@ def optimize(
                   else None)
         try:
             with roster or contextlib.nullcontext():
-                runner.run(setup.run_order(), settings.n_trials, settings.timeout, roster)
+                _search(runner, setup, roster)
                 confirmed_by = roster.turn() if roster is not None else None
             runner.add_others()  # what other workers recorded meanwhile
             rounds = (0 if confirmed_by in (CONFIRM_LEFT, CONFIRMED_ELSEWHERE)
@@ -222,6 +222,40 @@ def optimize(
     if confirmed_by != CONFIRMED_ELSEWHERE:  # that worker writes the result
         store_result(study, summary)
     return result
+
+
+def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
+    """The trials: the baselines in order, then the searched ones.
+
+    When the search chooses the step's knobs, the best baseline's knob
+    variants (`knob_variants`: each knob changed alone) run between the two:
+    the plans people trust, tuned one knob at a time as they would tune
+    them, which the sampler's first random trials would rarely reach. They
+    count toward `n_trials`.
+    """
+    settings, knobs = setup.settings, setup.context.knobs
+    order = setup.run_order()
+    if knobs is None or not settings.warm_start:
+        runner.run(order, settings.n_trials, settings.timeout, roster)
+        return
+    start = time.perf_counter()
+
+    def time_left() -> float | None:
+        return (None if settings.timeout is None
+                else max(settings.timeout - (time.perf_counter() - start), 0.0))
+
+    first = min(len(order), settings.n_trials)
+    runner.run(order, first, settings.timeout, roster)
+    done = {r.label: r for r in runner.records if r.outcome.status == COMPLETE}
+    best = min((done[label] for label in order if label in done),
+               key=lambda r: r.outcome.value, default=None)
+    variants = knob_variants(order[best.label], knobs) if best is not None else {}
+    left = settings.n_trials - first
+    now = min(len(variants), left)
+    if now:
+        runner.run(variants, now, time_left(), roster)
+    if left - now:
+        runner.run({}, left - now, time_left(), roster)
 
 
 def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ...base.knobs import Setting, setting_text
+from ...base.knobs import Knobs, Setting, setting_text
 from ...rules.base import ShardingRule, argument_notes, argument_specs
 
 
@@ -60,3 +60,36 @@ class Candidate:
     def notes(self, args: Sequence[Any]) -> tuple[str, ...]:
         """What its rules decided by fallback on `(state, *batch)` (`base.warnings` notes)."""
         return argument_notes(self.state_rule, self.batch_rule, args)
+
+
+# Labels of a baseline's knob variants: "<baseline>~<knob>=<value>".
+VARIANT_MARK = "~"
+
+
+def is_variant(label: str) -> bool:
+    """Whether a label names a baseline's knob variant (`knob_variants`): a
+    plan a person wrote, with a knob the search changed, which is no longer
+    the plan they know (it wins only by being faster, like a searched one)."""
+    return VARIANT_MARK in label
+
+
+def knob_variants(candidate: Candidate, knobs: Knobs) -> dict[str, Candidate]:
+    """`candidate`'s sharding with each single knob changed to each of its
+    other values: how an expert tunes a plan they trust (remat off, two
+    microbatches), one change at a time, labelled
+    `"<label>~<knob>=<value>"`. Empty for a candidate whose knobs are not
+    the defaults already.
+
+    Example:
+      `knob_variants(fsdp, Knobs(f, {"remat": ("full", "none")}))` →
+      `{"fsdp~remat=none": Candidate(fsdp's rules, knobs=(("remat", "none"),))}`
+    """
+    if candidate.knobs:
+        return {}
+    out = {}
+    for name, values in knobs.searched().items():
+        for value in values[1:]:
+            setting = knobs.setting({name: value})
+            label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"
+            out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+    return out
