@@ -161,7 +161,10 @@ def test_two_processes_build_each_candidates_knob_setting(tmp_path):
                and not t.user_attrs["outcome"].get("cache_hit")]
     assert knobbed, [(t.number, t.params) for t in trials]
     for t in knobbed:
-        assert t.params["knob_microbatches"] == t.user_attrs["knobs"]["microbatches"] != 1
+        # A searched trial's parameter, or a baseline's variant ("dp~microbatches=2").
+        chosen = (t.params["knob_microbatches"] if t.user_attrs["label"] == "search"
+                  else int(t.user_attrs["label"].rpartition("=")[2]))
+        assert chosen == t.user_attrs["knobs"]["microbatches"] != 1
         per_process = t.user_attrs[PROCESS_TIMES_ATTR]
         assert len(per_process) == 2 and all(len(p) == 3 for p in per_process)
     assert json.loads(plan.read_text())["knobs"]["microbatches"] in (1, 2, 4, 8)
