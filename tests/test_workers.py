@@ -40,11 +40,11 @@ COMMAND = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--devic
            "--no-compile-cache", "--no-isolate", "--confirm-rounds", "0"]
 
 
-def _worker(tmp_path, storage, name, trials, seed):
+def _worker(tmp_path, storage, name, trials, seed, command=COMMAND):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
     return subprocess.Popen(
-        [sys.executable, "-m", "shardsearch", *COMMAND, "--storage", storage, "--trials",
+        [sys.executable, "-m", "shardsearch", *command, "--storage", storage, "--trials",
          str(trials), "--seed", str(seed), "--out", str(tmp_path / f"{name}.json")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -154,16 +154,8 @@ def test_two_measuring_workers_share_a_study_and_the_last_confirms(tmp_path):
                 if arg != "--no-isolate"]
     measured[measured.index("--confirm-rounds") + 1] = "3"
     measured += ["--warmup", "1", "--repeats", "3"]
-
-    def worker(name, trials, seed):
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env["JAX_PLATFORMS"] = "cpu"
-        return subprocess.Popen(
-            [sys.executable, "-m", "shardsearch", *measured, "--storage", url, "--trials",
-             str(trials), "--seed", str(seed), "--out", str(tmp_path / f"{name}.json")],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    first, second = worker("a", 6, 1), worker("b", 6, 2)
+    first = _worker(tmp_path, url, "a", 6, 1, measured)
+    second = _worker(tmp_path, url, "b", 6, 2, measured)
     _finish(first, 400)
     _finish(second, 400)
     trials = _trials(url)
