@@ -94,10 +94,7 @@ class Knobs:
           ValueError: a name that is not a knob (the message names the knobs).
         """
         names = tuple(names)
-        unknown = [n for n in names if n not in self.choices]
-        if unknown:
-            raise ValueError(f"knobs {unknown} are not declared; the step's knobs are "
-                             f"{list(self.choices)}")
+        self._check_declared(names)
         return Knobs(self.make_step, {n: (v if n in names else v[:1])
                                       for n, v in self.choices.items()})
 
@@ -109,16 +106,19 @@ class Knobs:
           ValueError: an unknown knob or a value it does not take.
         """
         values = dict(values)
-        unknown = [n for n in values if n not in self.choices]
-        if unknown:
-            raise ValueError(f"knobs {unknown} are not declared; the step's knobs are "
-                             f"{list(self.choices)}")
+        self._check_declared(values)
         for name, value in values.items():
             if not any(_same(value, v) for v in self.choices[name]):
                 raise ValueError(f"knob {name}={value!r} is not one of its values "
                                  f"{self.choices[name]!r}")
         return tuple((n, values[n]) for n, default in self.defaults.items()
                      if n in values and not _same(values[n], default))
+
+    def _check_declared(self, names: Iterable[str]) -> None:
+        unknown = [n for n in names if n not in self.choices]
+        if unknown:
+            raise ValueError(f"knobs {unknown} are not declared; the step's knobs are "
+                             f"{list(self.choices)}")
 
     def values(self, setting: Setting) -> dict[str, Any]:
         """Every knob's value under `setting` (its defaults filled in)."""

@@ -252,10 +252,10 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     win_trial = min((r.number for r in result.trials
                      if r.outcome.fingerprint == win_fp and r.outcome.status == COMPLETE),
                     default=None)
-    plans = [_plan_row("winner", "winner", result.best_specs, ctx.with_setting(setting), known,
-                       knobs=setting)]
+    winner_ctx = ctx.with_setting(setting)
+    plans = [_plan_row("winner", "winner", result.best_specs, winner_ctx, known, knobs=setting)]
     if setting:
-        plans[0]["context"] = ctx.with_setting(setting)
+        plans[0]["context"] = winner_ctx
     if result.best_knobs:
         plans[0]["knobs"] = dict(result.best_knobs)
     plans[0]["source"] = (f"search (trial {win_trial})" if result.best_label == "search"
