@@ -1,16 +1,17 @@
 """shardsearch: find a JAX sharding by compiling and timing the real step.
 
-This is the user's front: the search, its result, step knobs, plan files, the rules,
-meshes and processes, the monitored step and the analyzer, the step's logical
-axes, and the hardware models. Extensions and the search's parts (the
-candidate, the outcome, stages, objectives' helpers, the evaluation context)
-are in `shardsearch.search`; built-in models and expert plans in
-`shardsearch.workloads`; benchmark suites in `shardsearch.bench` (which this
-package does not import). The subpackages behind these names are laid out
-along the pipeline (docs/architecture.md).
+This is the user's front: the search, its result, step knobs and activation
+points, plan files, the rules, meshes and processes, the monitored step and
+the analyzer, the step's logical axes, and the hardware models. Extensions and
+the search's parts (the candidate, the outcome, stages, objectives' helpers,
+the evaluation context) are in `shardsearch.search`; built-in models and
+expert plans in `shardsearch.workloads`; benchmark suites in
+`shardsearch.bench` (which this package does not import). The subpackages
+behind these names are laid out along the pipeline (docs/architecture.md).
 """
 
 from ._version import __version__ as __version__
+from .base.activations import activation as activation
 from .base.analyzer import ShardingAnalyzer as ShardingAnalyzer
 from .base.knobs import Knobs as Knobs
 from .base.mesh import abstract_mesh as abstract_mesh
@@ -31,7 +32,6 @@ from .plan.reader import PlanMismatchWarning as PlanMismatchWarning
 from .plan.reader import ShardingPlan as ShardingPlan
 from .plan.reader import load_plan as load_plan
 from .plan.reader import load_rule as load_rule
-from .plan.writer import partition_rules_source as partition_rules_source
 from .plan.writer import write_config as write_config
 from .rules.auto import AutoShardingRule as AutoShardingRule
 from .rules.base import ShardingRule as ShardingRule
@@ -75,6 +75,7 @@ __all__ = [
     "ShardingWarning",
     "__version__",
     "abstract_mesh",
+    "activation",
     "barrier_sync",
     "calibrate",
     "create_mesh",
@@ -88,7 +89,6 @@ __all__ = [
     "load_rule",
     "optimize",
     "parse_mesh",
-    "partition_rules_source",
     "register_objective",
     "target_mesh",
     "use_cpu_devices",

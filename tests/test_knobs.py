@@ -189,8 +189,8 @@ def test_a_study_resumed_with_other_knobs_is_refused(mesh8, tmp_path):
 
 
 def test_knobs_asked_of_a_step_that_declares_none_say_how(mesh8):
-    with pytest.raises(ValueError, match=r"declares no knobs; pass the step as "
-                                         r"shardsearch.Knobs\(make_step"):
+    with pytest.raises(ValueError, match=r"declares no knobs and places no activations; "
+                                         r"pass the step as shardsearch.Knobs\(make_step"):
         make_context(make_step(), _args(), mesh8, knobs=True)
     with pytest.raises(ValueError, match=r"knobs \['remat'\] are not declared; the step's "
                                          r"knobs are \['microbatches'\]"):

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -25,7 +25,9 @@ from .._version import __version__
 from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
+from ..base.activations import split_setting, under_rules
 from ..base.jsonfile import read_json
+from ..base.knobs import Knobs
 from ..base.monitor import ShardingWarning
 from ..rules.base import ShardingRule, argument_specs, rule_from_config
 from ..rules.batch import BatchShardingRule
@@ -86,8 +88,9 @@ class ShardingPlan:
       results: the file's "results" section (measured numbers), or None.
       source: the file (or "config") the plan came from, for messages.
       knobs: how to build the step the plan was found for, `{knob: value}`
-        (`make_step(**plan.knobs)`; a knob not listed keeps its default);
-        empty when the search did not choose the step's knobs.
+        (`plan.build_step(knobs)`: the factory's knobs, and where the
+        activations go, the `act_<name>` knobs; a knob not listed keeps its
+        default); empty when the search did not choose the step's knobs.
 
     Example:
       >>> plan = load_plan("plan.json")
@@ -104,6 +107,33 @@ class ShardingPlan:
     results: Mapping[str, Any] | None = None
     source: str = "config"
     knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def build_step(self, step: Callable[..., Any] | Knobs) -> Callable[..., Any]:
+        """The step the plan was found for, built from `step` with `knobs`.
+
+        Args:
+          step: the `Knobs` the search was given (or a workload's `knobs`), or
+            the plain step when the plan's only knobs place activations.
+
+        Returns:
+          `step.make_step(**knobs)` (defaults for the knobs not listed), or
+          `step`, tracing its `shardsearch.activation` points as the plan's
+          `act_<name>` knobs place them on the plan's mesh.
+
+        Raises:
+          ValueError: the plan sets a factory's knobs but `step` is a plain
+            function, or names a knob `step` does not declare.
+        """
+        own, rules = split_setting(tuple(self.knobs.items()))
+        if isinstance(step, Knobs):
+            inner = step.make_step(**step.values(step.setting(dict(own))))
+        elif own:
+            raise ValueError(f"{self.source}: the plan sets the step's knobs "
+                             f"{dict(own)}; pass the Knobs (or the workload's knobs) it was "
+                             "found with, not a built step")
+        else:
+            inner = step
+        return under_rules(inner, rules, self.recorded_mesh)
 
     @property
     def batch_spec(self) -> P | None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from ..base import activations as _activations
 from ..base import mesh as _mesh
 from ..base import tree as _tree
 from ..base.knobs import Knobs
@@ -38,7 +39,7 @@ from .execution.distributed import Distributed
 from .execution.inprocess import InProcess
 from .space.baselines import baseline_candidates, make_space
 from .space.candidate import Candidate
-from .space.logical import SPACES
+from .space.logical import SPACES, group_choices
 from .space.searchspace import SearchSpace
 from .study.storage import check_study_name
 
@@ -367,7 +368,8 @@ def make_context(
 
     settings = SearchSettings.build(settings, options, isolate=False)
     workload = step if isinstance(step, Workload) else None
-    knobs = searched_knobs(step, workload, settings.knobs)
+    by_default = isinstance(step, Knobs)  # a Knobs step's knobs are searched unless told
+    declared = step if by_default else (workload.knobs if workload is not None else None)
     if workload is not None:
         step = workload.step
         args = workload.abstract() if args is None else args
@@ -391,6 +393,12 @@ def make_context(
             f"optimize: the step cannot be traced with these arguments: "
             f"{type(err).__name__}: {err}") from None
     dcn_axes = _check_dcn_axes(settings.dcn_axes or (target.dcn_axes if target else ()), mesh)
+    offered = _activation_choices(step, abstract_args, mesh) if _wants_activations(
+        settings.knobs) else {}
+    if offered:
+        declared = _activations.with_activation_knobs(declared, step, offered,
+                                                      _activations.mesh_axes(mesh))
+    knobs = searched_knobs(declared, settings.knobs, by_default)
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
@@ -423,32 +431,48 @@ def make_context(
     return ctx, workload
 
 
-def searched_knobs(step: Any, workload: Workload | None,
-                   chosen: bool | tuple[str, ...] | None) -> Knobs | None:
-    """The knobs a search chooses: those `step` declares (a `Knobs`, or a
-    workload's `knobs`) as `chosen` picks them: None searches a `Knobs`
-    step's and none of a workload's (its defaults are the published setups);
-    True all; names those knobs, the others at their defaults. None when
-    nothing is left with more than one value.
+def searched_knobs(declared: Knobs | None, chosen: bool | tuple[str, ...] | None,
+                   by_default: bool) -> Knobs | None:
+    """The knobs a search chooses of those `declared` (a `Knobs` step's, or a
+    workload's, with the activation knobs when asked), as `chosen` picks them:
+    None searches them when `by_default` (a `Knobs` step) and none of a
+    workload's (its defaults are the published setups); True all; names
+    those knobs, the others at their defaults. None when nothing is left
+    with more than one value.
 
     Raises:
       ValueError: knobs asked of a step that declares none, or a name it
         does not declare.
     """
-    declared = step if isinstance(step, Knobs) else (
-        workload.knobs if workload is not None else None)
-    if chosen is False or (chosen is None and not isinstance(step, Knobs)):
+    if chosen is False or (chosen is None and not by_default):
         return None
     if declared is None:
         raise ValueError(
-            f"optimize: knobs={chosen!r}, but the step declares no knobs; pass the step as "
-            "shardsearch.Knobs(make_step, {'remat': (...), 'microbatches': (...)}), its "
-            "factory and the values each keyword may take")
+            f"optimize: knobs={chosen!r}, but the step declares no knobs and places no "
+            "activations; pass the step as shardsearch.Knobs(make_step, {'remat': (...), "
+            "'microbatches': (...)}), its factory and the values each keyword may take, or "
+            "name its activations with shardsearch.activation(x, names)")
     try:
         knobs = declared if chosen in (None, True) else declared.only(chosen)
     except ValueError as err:
         raise ValueError(f"optimize: {err}") from None
     return knobs if knobs.searched() else None
+
+
+def _wants_activations(chosen: bool | tuple[str, ...] | None) -> bool:
+    """Whether `knobs=chosen` asks for activation knobs (True, or an `act_` name)."""
+    return chosen is True or (isinstance(chosen, tuple) and any(
+        n.startswith(_activations.PREFIX) for n in chosen))
+
+
+def _activation_choices(step: Any, abstract_args: tuple[Any, ...],
+                        mesh: jax.sharding.Mesh) -> dict[str, tuple[str, ...]]:
+    """The `act_<name>` knobs for the points `step` passes through, over the
+    mesh's axes of size > 1 (the same groups as a logical axis's choices)."""
+    axes = _activations.mesh_axes(mesh)
+    groups = group_choices([a for a, size in axes if size > 1])
+    return _activations.activation_choices(
+        _activations.points(step, abstract_args), groups, axes)
 
 
 def _host_args(workload: Workload | None, args: tuple[Any, ...], seed: int,

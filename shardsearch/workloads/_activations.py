@@ -1,15 +1,22 @@
-"""Pinning the activations' batch dim to mesh axes, as MaxText's logical constraints do.
+"""The built-in transformers' activation points, and pinning their batch dim.
 
 The search's rules shard a step's arguments only; XLA's sharding propagation
-decides the rest. On a pure FSDP plan (each weight's d_model dim and the batch
-on the same axis) propagation may keep the weights where they are and gather
-the batch instead, all-reducing whole activations: for MaxText's 16B on 256
-chips that is tens of TB per step. MaxText avoids it by constraining the
-activations (`nn.with_logical_constraint(x, ("activation_batch", ...))`), and
-Megatron-LM by construction. An `ActivationSharding` does the same for the
-built-in transformers: the residual stream's batch dim is constrained to the
-given mesh axes at the embedding and at every block's input; its other dims
-are left to XLA.
+decides the rest. The built-in transformers name their activations through
+`shardsearch.activation` (`base.activations`), so a search can place them
+(`optimize(..., knobs=True)`: the `act_<name>` knobs):
+
+- the residual stream, `RESIDUAL` (at the embedding and every block's input);
+- the attention's queries, `HEADS`, and its score matrix, `SCORES`;
+- the MLP's hidden state, `HIDDEN`.
+
+An `ActivationSharding` is one fixed choice of that space, as MaxText's
+logical constraints make it (`nn.with_logical_constraint(x,
+("activation_batch", ...))`): the `batch` dim of every point on the given
+mesh axes, the other dims left to XLA. On a pure FSDP plan (each weight's
+d_model dim and the batch on the same axis) propagation may otherwise keep the
+weights where they are and gather the batch instead, all-reducing whole
+activations: for MaxText's 16B on 256 chips that is tens of TB per step. It
+is a model's default: a search's `act_batch` knob overrides it.
 
 The constraint names a mesh (an `AbstractMesh` of the given axis sizes), so a
 workload that carries one compiles only on a mesh with those axes and sizes.
@@ -18,16 +25,14 @@ Example:
     >>> ActivationSharding.from_json({"mesh": {"fsdp": 256, "tp": 1}, "batch": ["fsdp"]})
     ActivationSharding(mesh=(('fsdp', 256), ('tp', 1)), batch=('fsdp',))
 """
-
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import jax
-from jax.sharding import AbstractMesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from ..base.activations import activation_rules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,14 +67,6 @@ class ActivationSharding:
             raise ValueError(f"activation_sharding.batch={list(self.batch)!r} must name "
                              f"distinct axes of the mesh {names}, at least one")
 
-    def constrain(self, x: jax.Array) -> jax.Array:
-        """`x` with its leading (batch) dim on `batch`, its other dims left to XLA."""
-        names = tuple(a for a, _ in self.mesh)
-        mesh = AbstractMesh(tuple(s for _, s in self.mesh), names)
-        entry = self.batch[0] if len(self.batch) == 1 else self.batch
-        spec = P(entry, *([P.UNCONSTRAINED] * (x.ndim - 1)))
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-
     def to_json(self) -> dict[str, Any]:
         return {"mesh": dict(self.mesh), "batch": list(self.batch)}
 
@@ -88,6 +85,17 @@ class ActivationSharding:
         return cls(tuple(data["mesh"].items()), tuple(data["batch"]))
 
 
-def constrain(sharding: ActivationSharding | None, x: jax.Array) -> jax.Array:
-    """`sharding.constrain(x)`, or `x` itself (no operation traced) for None."""
-    return x if sharding is None else sharding.constrain(x)
+def placed(sharding: ActivationSharding | None) -> contextlib.AbstractContextManager[None]:
+    """The points traced inside with their batch dim on `sharding.batch`
+    (unless a search places it), or nothing for None."""
+    if sharding is None:
+        return contextlib.nullcontext()
+    entry = sharding.batch[0] if len(sharding.batch) == 1 else sharding.batch
+    return activation_rules({"batch": entry}, sharding.mesh, fill=True)
+
+
+# The names of the built-in transformers' points, one per dim.
+RESIDUAL = ("batch", "seq", "embed")
+HEADS = ("batch", "seq", "heads", None)
+SCORES = ("batch", "kv_heads", None, None, None)
+HIDDEN = ("batch", "seq", "mlp")

@@ -29,6 +29,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from ..base.activations import activation
 from . import _activations, _layers, _precision, _train, _workload
 from ._params import Param
 
@@ -145,12 +146,12 @@ def flops_per_step(cfg: GPTConfig) -> float:
 
 
 def _block(cfg: GPTConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]:
-    x = _activations.constrain(cfg.activation_sharding, x)
+    x = activation(x, _activations.RESIDUAL)
     b, s, _ = x.shape
     h, dh = cfg.n_heads, cfg.head_dim
     a = p["attn"]
     y = _layers.layer_norm(x, p["ln1"])
-    q = (y @ a["wq"]).reshape(b, s, h, dh)
+    q = activation((y @ a["wq"]).reshape(b, s, h, dh), _activations.HEADS)
     k = (y @ a["wk"]).reshape(b, s, h, dh)
     v = (y @ a["wv"]).reshape(b, s, h, dh)
     out = _layers.causal_attention(q, k, v, cfg.attention_chunk)
@@ -159,17 +160,23 @@ def _block(cfg: GPTConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]
         out = out.astype(x.dtype)
     x = x + out.reshape(b, s, h * dh) @ a["wo"]
     y = _layers.layer_norm(x, p["ln2"])
-    y = jax.nn.gelu(y @ p["mlp"]["w_up"]) @ p["mlp"]["w_down"]
+    y = activation(jax.nn.gelu(y @ p["mlp"]["w_up"]), _activations.HIDDEN)
+    y = y @ p["mlp"]["w_down"]
     return x + y, jnp.zeros((), jnp.float32)
 
 
 def loss_fn(cfg: GPTConfig, params: dict, batch: dict) -> tuple[jax.Array, dict]:
     """Next-token cross-entropy of `batch = {"tokens", "targets"}`."""
+    with _activations.placed(cfg.activation_sharding):
+        return _loss(cfg, params, batch)
+
+
+def _loss(cfg: GPTConfig, params: dict, batch: dict) -> tuple[jax.Array, dict]:
     params = _precision.cast_params(params, cfg.compute_dtype)
     tokens = batch["tokens"]
     x = jnp.take(params["embed"]["tokens"], tokens, axis=0)
     x = x + params["embed"]["positions"][None, : tokens.shape[1]]
-    x = _activations.constrain(cfg.activation_sharding, x)
+    x = activation(x, _activations.RESIDUAL)
     x, _ = _layers.run_layers(lambda h, p: _block(cfg, h, p), x, params["layers"],
                               stacked=cfg.stacked, remat=cfg.remat)
     x = _layers.layer_norm(x, params["ln_f"])

@@ -13,6 +13,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..base.activations import activation
+from . import _activations
+
 
 def layer_norm(x: jax.Array, p: dict, eps: float = 1e-5) -> jax.Array:
     """LayerNorm over the last dim with `p = {"scale", "bias"}`."""
@@ -88,6 +91,7 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, causal: jax.Array) -> jax.
     """Queries `[B, C, KV, G, Dh]` against every key, where `causal` `[C, S]` allows."""
     dh = q.shape[-1]
     scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / jnp.sqrt(jnp.float32(dh))
+    scores = activation(scores, _activations.SCORES)
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
     weights = jax.nn.softmax(scores, axis=-1)
     return jnp.einsum("bkgqs,bskd->bqkgd", weights, v)

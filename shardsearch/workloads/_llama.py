@@ -25,6 +25,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from ..base.activations import activation
 from . import _activations, _layers, _precision, _train, _workload
 from ._params import Param
 
@@ -121,7 +122,8 @@ def attention(cfg: LlamaConfig, x: jax.Array, p: dict) -> jax.Array:
     """Rotary grouped-query causal self-attention of `x: [B, S, d_model]`."""
     b, s, _ = x.shape
     h, kv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q = _layers.rotary((x @ p["wq"]).reshape(b, s, h, dh), cfg.rope_theta)
+    q = activation(_layers.rotary((x @ p["wq"]).reshape(b, s, h, dh), cfg.rope_theta),
+                   _activations.HEADS)
     k = _layers.rotary((x @ p["wk"]).reshape(b, s, kv, dh), cfg.rope_theta)
     if x.dtype != jnp.float32:
         # The rotary tables are float32 and would promote q and k back to it.
@@ -194,11 +196,12 @@ def flops_per_step(cfg: LlamaConfig) -> float:
 
 
 def _block(cfg: LlamaConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]:
-    x = _activations.constrain(cfg.activation_sharding, x)
+    x = activation(x, _activations.RESIDUAL)
     x = x + attention(cfg, _layers.rms_norm(x, p["ln1"]), p["attn"])
     m = p["mlp"]
     y = _layers.rms_norm(x, p["ln2"])
-    y = (jax.nn.silu(y @ m["w_gate"]) * (y @ m["w_up"])) @ m["w_down"]
+    y = activation(jax.nn.silu(y @ m["w_gate"]) * (y @ m["w_up"]), _activations.HIDDEN)
+    y = y @ m["w_down"]
     return x + y, jnp.zeros((), jnp.float32)
 
 
@@ -210,11 +213,12 @@ def hidden(cfg: LlamaConfig, params: dict, tokens: jax.Array,
     `block(cfg, x, layer) -> (x, aux)` is swappable: the moe workload passes
     its own block and reuses everything else.
     """
-    x = _activations.constrain(cfg.activation_sharding,
-                               jnp.take(params["embed"]["tokens"], tokens, axis=0))
-    x, aux = _layers.run_layers(lambda h, p: block(cfg, h, p), x, params["layers"],
-                                stacked=cfg.stacked, remat=cfg.remat)
-    return _layers.rms_norm(x, params["ln_f"]), aux
+    with _activations.placed(cfg.activation_sharding):
+        x = activation(jnp.take(params["embed"]["tokens"], tokens, axis=0),
+                       _activations.RESIDUAL)
+        x, aux = _layers.run_layers(lambda h, p: block(cfg, h, p), x, params["layers"],
+                                    stacked=cfg.stacked, remat=cfg.remat)
+        return _layers.rms_norm(x, params["ln_f"]), aux
 
 
 def logits(cfg: LlamaConfig, params: dict, tokens: jax.Array,

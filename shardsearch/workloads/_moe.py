@@ -26,7 +26,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _layers, _llama, _train, _workload
+from ..base.activations import activation
+from . import _activations, _layers, _llama, _train, _workload
 from ._params import Param
 
 TOP_K = 2
@@ -141,6 +142,7 @@ def moe_mlp(cfg: MoEConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array
 
 
 def _block(cfg: MoEConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]:
+    x = activation(x, _activations.RESIDUAL)
     x = x + _llama.attention(cfg, _layers.rms_norm(x, p["ln1"]), p["attn"])
     y, aux = moe_mlp(cfg, _layers.rms_norm(x, p["ln2"]), p["moe"])
     return x + y, aux

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from ...base.activations import PREFIX, split_setting
 from ...base.knobs import Knobs, Setting
 from ..evaluation.evaluate import error_line
 
@@ -54,10 +55,11 @@ def package_step(step: Any, workload: Workload | None, abstract_args: Sequence[A
                  platform: str, knobs: Knobs | None = None,
                  setting: Setting = ()) -> tuple[tuple[Any, ...] | None, str]:
     """How `step` can reach a worker: `(("export", bytes), "")`, or by reference
-    `(("workload", name, digest, setting) | ("function", step, digest) |
-    ("factory", make_step, digest, values), "")`, or `(None, why not)`. A
-    reference carries `jaxpr_digest` of the step, which the worker checks
-    against the step it rebuilt.
+    `(("workload", name, digest, setting) | ("function", step, digest, rules) |
+    ("factory", make_step, digest, values, rules), "")`, or `(None, why not)`.
+    A reference carries `jaxpr_digest` of the step, which the worker checks
+    against the step it rebuilt, and the activation rules of the setting's
+    `act_` knobs (`base.activations`), which it applies to it.
 
     `step` is the step under the knob `setting` of `knobs` (`()` and None:
     the step as given): the workload rebuilt by name builds it from its own
@@ -72,10 +74,14 @@ def package_step(step: Any, workload: Workload | None, abstract_args: Sequence[A
         traced = jax.make_jaxpr(step)(*abstract_args)
     except Exception as err:  # make_context traced it already; this is belt and braces
         return None, f"the step cannot be traced ({error_line(err)})"
+    _, rules = split_setting(setting)
     dependent = _mesh_dependent(traced.jaxpr)
     if dependent:
         problems.append(f"the step uses {dependent}, whose rules a one-device export would "
                         "drop")
+    elif rules:
+        problems.append("the step places its activations on the mesh, which a one-device "
+                        "export would drop")
     else:
         try:
             exported = jax.export.export(jax.jit(step), platforms=(platform,))(*abstract_args)
@@ -88,13 +94,18 @@ def package_step(step: Any, workload: Workload | None, abstract_args: Sequence[A
             return ("workload", workload.name, digest, tuple(setting)), ""
         problems.append(f"workload {workload.name!r} is neither built in nor a "
                         "'package.module:function' factory")
-    elif knobs is not None:
-        if _importable(knobs.make_step):
-            return ("factory", knobs.make_step, digest, knobs.values(setting)), ""
-        problems.append(f"{getattr(knobs.make_step, '__qualname__', 'make_step')} is not a "
+    # The activation knobs' rules travel apart: the worker places the points
+    # of the step it rebuilt (`base.activations.under_rules`).
+    make_step = getattr(knobs.make_step, "base", knobs.make_step) if knobs else None
+    if make_step is not None:
+        if _importable(make_step):
+            values = {n: v for n, v in knobs.values(setting).items()
+                      if not n.startswith(PREFIX)}
+            return ("factory", make_step, digest, values, rules), ""
+        problems.append(f"{getattr(make_step, '__qualname__', 'make_step')} is not a "
                         "module-level function of an importable module")
-    elif _importable(step):
-        return ("function", step, digest), ""
+    elif _importable(plain := getattr(step, "__wrapped__", step) if rules else step):
+        return ("function", plain, digest, rules), ""
     else:
         problems.append(f"{getattr(step, '__qualname__', type(step).__name__)} is not a "
                         "module-level function of an importable module")

@@ -87,8 +87,8 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
 
     abstract_args = jax.tree.unflatten(
         body["treedef"], [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in body["avals"]])
-    step = _step(body["program"], abstract_args)
     ids, grid, names, types = body["mesh"]
+    step = _step(body["program"], abstract_args, tuple(zip(names, grid, strict=True)))
     target = body["target"]
     # A target's compile-only devices are made by its compiler here, as there.
     devices = {d.id: d for d in (target.devices() if target is not None else jax.devices())}
@@ -122,24 +122,27 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
     return ctx
 
 
-def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
+def _step(program: tuple[Any, ...], abstract_args: Any,
+          axes: tuple[tuple[str, int], ...]) -> Callable[..., Any]:
     import jax
 
+    from ...base.activations import split_setting, under_rules
     from .transport import jaxpr_digest
 
     kind, data, *rest = program
     if kind == "export":
         return jax.export.deserialize(bytearray(data)).call
     if kind == "function":
-        step = data
+        step, rules = data, rest[1]
     elif kind == "factory":
-        step = data(**rest[1])
+        step, rules = data(**rest[1]), rest[2]
     else:
         from ...workloads import get_workload
 
         workload = get_workload(data)
-        setting = rest[1] if len(rest) > 1 else ()
-        step = workload.knobs.step(setting) if setting else workload.step
+        own, rules = split_setting(rest[1] if len(rest) > 1 else ())
+        step = workload.knobs.step(own) if own else workload.step
+    step = under_rules(step, rules, axes)
     if jaxpr_digest(jax.make_jaxpr(step)(*abstract_args)) != rest[0]:
         raise RuntimeError(
             f"the step rebuilt in the worker ({data if kind == 'workload' else kind}) traces to "
@@ -151,6 +154,7 @@ def _step(program: tuple[Any, ...], abstract_args: Any) -> Callable[..., Any]:
 def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
     """Answers jobs until told to exit; an error in a job ends the worker."""
     from ...base import monitor  # noqa: F401 - loaded before the first job's clock starts
+    from ...base.activations import mesh_axes
     from ..evaluation import confirm as _confirm
     from ..evaluation import evaluate as _evaluate
     from ..evaluation.stages import FAILED
@@ -191,8 +195,10 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
     }
 
     def _install(programs: dict[Any, Any]) -> None:
+        axes = mesh_axes(ctx.mesh)
         for setting, program in programs.items():
-            ctx.programs[setting] = _step(program, ctx.abstract_args)
+            ctx.programs[setting] = _step(program, ctx.abstract_args, axes)
+
     while inbox.poll(IDLE_EXIT):
         try:
             kind, *args = inbox.recv()

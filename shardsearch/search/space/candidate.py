@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ...base.activations import PREFIX as ACTIVATION_KNOB
 from ...base.knobs import Knobs, Setting, setting_text
 from ...rules.base import ShardingRule, argument_notes, argument_specs
 
@@ -78,7 +79,9 @@ def knob_variants(candidate: Candidate, knobs: Knobs) -> dict[str, Candidate]:
     other values: how an expert tunes a plan they trust (remat off, two
     microbatches), one change at a time, labelled
     `"<label>~<knob>=<value>"`. Empty for a candidate whose knobs are not
-    the defaults already.
+    the defaults already. The activation knobs (`act_<name>`) are left to the
+    sampler: a dozen values of half a dozen names would fill the study with
+    variants.
 
     Example:
       `knob_variants(fsdp, Knobs(f, {"remat": ("full", "none")}))` →
@@ -88,6 +91,8 @@ def knob_variants(candidate: Candidate, knobs: Knobs) -> dict[str, Candidate]:
         return {}
     out = {}
     for name, values in knobs.searched().items():
+        if name.startswith(ACTIVATION_KNOB):
+            continue
         for value in values[1:]:
             setting = knobs.setting({name: value})
             label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"

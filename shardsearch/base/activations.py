@@ -1,0 +1,228 @@
+"""Named sharding points for a step's activations, and the rules that place them.
+
+The search chooses where a step's arguments live; XLA's propagation places
+everything in between. Some of what experts tune is in between: the batch dim
+of the residual stream pinned to the data axes (MaxText's
+`activation_batch`), its sequence dim split over the tensor axes (sequence
+parallelism), the attention's heads on the tensor axes. A step declares where
+such choices exist by calling `activation` on an intermediate value:
+
+    >>> x = activation(x, ("batch", "seq", "embed"))
+
+Outside a search (no rules active) that traces nothing: the step is exactly as
+written. Under `activation_rules({"seq": "tp"}, mesh_axes)` each point's
+dims whose name has a rule are constrained to those mesh axes (`None`: kept
+whole), its other dims left to XLA. A search offers one knob per name it
+finds (`act_<name>`, see `activation_choices`), so the rules are part of the
+step's knob setting and reach workers, plan files and re-timings as knobs do.
+
+The rules hold while the step is traced (a context variable, as Flax's
+`logical_axis_rules`), so a function the step jits itself is traced once
+under whichever rules were active first: call `activation` in code the step
+traces inline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .knobs import Knobs
+
+# A rule's value: one mesh axis, several (their product splits the dim), or
+# None (the dim stays whole on every device).
+Entry = str | tuple[str, ...] | None
+
+# The knobs a search offers for the points: `act_<name>`; their values are
+# `AUTO` (XLA decides: the default), `"-"` (whole) or mesh axes as
+# `"dp"` / `"dp,tp"`.
+PREFIX = "act_"
+AUTO = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Active:
+    rules: Mapping[str, Entry]
+    axes: tuple[tuple[str, int], ...]
+
+
+_RULES: contextvars.ContextVar[_Active | None] = contextvars.ContextVar(
+    "shardsearch_activation_rules", default=None)
+_SEEN: contextvars.ContextVar[dict[str, set[int]] | None] = contextvars.ContextVar(
+    "shardsearch_activation_points", default=None)
+
+
+def activation(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """`x`, constrained as the active rules place `names` (one per dim).
+
+    Args:
+      x: an intermediate value of the step.
+      names: a logical name per dim of `x` (None: a dim no rule places).
+
+    Returns:
+      `x` itself when no rule names any of its dims, else `x` under a
+      sharding constraint (the dims without a rule unconstrained).
+
+    Where the rules give one mesh axis to two dims of the point, the later dim
+    keeps it and the earlier one is left to XLA: with `seq` and `heads` both
+    on `tp`, the residual stream is split along the sequence and the
+    attention's queries along their heads (Megatron-LM's sequence
+    parallelism).
+
+    Raises:
+      ValueError: `names` does not have one entry per dim.
+    """
+    names = tuple(names)
+    if len(names) != x.ndim or not all(n is None or isinstance(n, str) for n in names):
+        raise ValueError(f"activation: names={names!r} must give one name (or None) per dim "
+                         f"of the value, shape {tuple(x.shape)}")
+    seen = _SEEN.get()
+    if seen is not None:
+        for name, size in zip(names, x.shape, strict=True):
+            if name is not None:
+                seen.setdefault(name, set()).add(int(size))
+    active = _RULES.get()
+    if active is None or not any(n in active.rules for n in names):
+        return x
+    entries: list[Any] = []
+    taken: set[str] = set()
+    for name in reversed(names):  # a later dim keeps a mesh axis two dims ask for
+        entry = active.rules.get(name, P.UNCONSTRAINED) if name is not None else P.UNCONSTRAINED
+        axes = () if entry is P.UNCONSTRAINED or entry is None else (
+            (entry,) if isinstance(entry, str) else entry)
+        if taken & set(axes):
+            entry, axes = P.UNCONSTRAINED, ()
+        taken |= set(axes)
+        entries.insert(0, entry)
+    mesh = AbstractMesh(tuple(s for _, s in active.axes), tuple(a for a, _ in active.axes))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*entries)))
+
+
+@contextlib.contextmanager
+def activation_rules(rules: Mapping[str, Entry], axes: Sequence[tuple[str, int]],
+                     *, fill: bool = False) -> Iterator[None]:
+    """Places the points traced inside: `rules` maps a point's name to mesh axes.
+
+    Args:
+      rules: name -> a mesh axis, a tuple of them, or None (whole).
+      axes: the mesh's `(axis name, size)` pairs, in mesh order.
+      fill: give only the names the enclosing rules leave unplaced (a
+        model's own defaults, which a search's choice overrides).
+
+    Raises:
+      ValueError: a rule names an axis `axes` lacks.
+    """
+    axes = tuple((str(a), int(s)) for a, s in axes)
+    known = {a for a, _ in axes}
+    stray = {n: e for n, e in rules.items()
+             if any(a not in known for a in ((e,) if isinstance(e, str) else e or ()))}
+    if stray:
+        raise ValueError(f"activation rules {stray} name mesh axes the mesh {dict(axes)} lacks")
+    outer = _RULES.get()
+    if outer is not None and fill:
+        merged = _Active({**rules, **outer.rules}, outer.axes)
+    else:
+        merged = _Active({**(outer.rules if outer else {}), **rules}, axes)
+    token = _RULES.set(merged)
+    try:
+        yield
+    finally:
+        _RULES.reset(token)
+
+
+def points(step: Callable[..., Any], abstract_args: Sequence[Any]) -> dict[str, tuple[int, ...]]:
+    """The names of the points `step` passes through, each with the sizes of
+    its dims (sorted), in the order first met: one trace, no rules active."""
+    seen: dict[str, set[int]] = {}
+    token = _SEEN.set(seen)
+    outer = _RULES.set(None)
+    try:
+        # A new function, so that no trace JAX cached for `step` stands in for this one.
+        jax.make_jaxpr(lambda *args: step(*args))(*abstract_args)
+    finally:
+        _RULES.reset(outer)
+        _SEEN.reset(token)
+    return {name: tuple(sorted(sizes)) for name, sizes in seen.items()}
+
+
+def parse_value(value: str) -> Entry:
+    """A knob value as a rule: `"dp,tp"` → `("dp", "tp")`, `"tp"` → `"tp"`, `"-"` → None."""
+    if value == "-":
+        return None
+    axes = tuple(value.split(","))
+    return axes[0] if len(axes) == 1 else axes
+
+
+def activation_choices(found: Mapping[str, Sequence[int]], groups: Sequence[str],
+                       axes: Sequence[tuple[str, int]]) -> dict[str, tuple[str, ...]]:
+    """The knobs for the points `found`: `act_<name>` -> `AUTO`, `"-"`, then
+    each group of mesh axes (`"dp"`, `"dp,tp"`) whose size divides every size
+    the name has. Names that only `AUTO` and `"-"` would be offered for (no
+    axis divides them) are left out."""
+    sizes = dict(axes)
+    out = {}
+    for name, dims in found.items():
+        if not name.isidentifier():
+            continue
+        fits = [g for g in groups if g != "-" and all(
+            d % math.prod(sizes[a] for a in g.split(",")) == 0 for d in dims)]
+        if fits:
+            out[PREFIX + name] = (AUTO, "-", *fits)
+    return out
+
+
+def split_setting(setting: Sequence[tuple[str, Any]]
+                  ) -> tuple[tuple[tuple[str, Any], ...], dict[str, Entry]]:
+    """A knob setting as `(the step's own knobs, the activation rules)`."""
+    own = tuple((n, v) for n, v in setting if not n.startswith(PREFIX))
+    rules = {n[len(PREFIX):]: parse_value(v) for n, v in setting
+             if n.startswith(PREFIX) and v != AUTO}
+    return own, rules
+
+
+def under_rules(step: Callable[..., Any], rules: Mapping[str, Entry],
+                axes: Sequence[tuple[str, int]]) -> Callable[..., Any]:
+    """`step` traced under `activation_rules(rules, axes)`; `step` itself
+    when there are no rules. A new function each call, so that `jax.jit`
+    never reuses a trace made under other rules."""
+    if not rules:
+        return step
+    rules, axes = dict(rules), tuple(axes)
+
+    @functools.wraps(step)
+    def placed(*args: Any) -> Any:
+        with activation_rules(rules, axes):
+            return step(*args)
+
+    return placed
+
+
+def mesh_axes(mesh: Any) -> tuple[tuple[str, int], ...]:
+    """A mesh's `(axis name, size)` pairs, in mesh order."""
+    return tuple((str(a), int(s)) for a, s in dict(mesh.shape).items())
+
+
+def with_activation_knobs(knobs: Knobs | None, step: Callable[..., Any],
+                          choices: Mapping[str, tuple[str, ...]],
+                          axes: Sequence[tuple[str, int]]) -> Knobs:
+    """`knobs` (None: a plain `step`) with the activation knobs `choices` added:
+    their factory builds the step of the other knobs, then places its points
+    by the `act_` values (`under_rules`)."""
+    axes = tuple(axes)
+
+    def make_step(**values: Any) -> Callable[..., Any]:
+        own, rules = split_setting(tuple(values.items()))
+        inner = knobs.make_step(**dict(own)) if knobs is not None else step
+        return under_rules(inner, rules, axes)
+
+    make_step.base = knobs.make_step if knobs is not None else None  # type: ignore[attr-defined]
+    return Knobs(make_step, {**(knobs.choices if knobs is not None else {}), **choices})

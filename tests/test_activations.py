@@ -1,0 +1,275 @@
+"""Activation sharding points (issue 24 item 3): a step names its activations,
+the search places them through the `act_<name>` knobs, and a plan rebuilds
+the step it was found for."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import shardsearch as ss
+from shardsearch.base import activations as acts
+from shardsearch.search import (
+    Candidate,
+    baseline_candidates,
+    compare_outputs,
+    evaluate,
+    make_context,
+    plan_config,
+    resolve,
+)
+from shardsearch.search.execution.transport import jaxpr_digest, package_step
+from shardsearch.workloads import get_workload
+from shardsearch.workloads._activations import ActivationSharding
+from shardsearch.workloads._llama import LlamaConfig
+from shardsearch.workloads._llama import build as build_llama
+
+AXES = (("dp", 2), ("tp", 4))
+
+
+def user_step(state, x):
+    """A two-layer step whose hidden state is a named point."""
+
+    def loss(params):
+        h = acts.activation(jnp.tanh(x @ params["w1"]), ("batch", "hidden"))
+        return jnp.mean((h @ params["w2"]) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(state)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, state, grads), {"loss": value}
+
+
+def _user_args():
+    rng = np.random.default_rng(0)
+    state = {"w1": jnp.asarray(rng.standard_normal((16, 32)).astype(np.float32) * 0.1),
+             "w2": jnp.asarray(rng.standard_normal((32, 16)).astype(np.float32) * 0.1)}
+    return state, jnp.asarray(rng.standard_normal((64, 16)).astype(np.float32))
+
+
+def _constraints(fn, *args):
+    """The specs of the sharding constraints `fn` traces, in order."""
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    found = []
+
+    def walk(jx):
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "sharding_constraint":
+                found.append(tuple(eqn.params["sharding"].spec))
+            for value in eqn.params.values():
+                for item in value if isinstance(value, tuple | list) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return found
+
+
+# ---------------------------------------------------------------- the seam
+
+
+def test_a_point_is_nothing_without_rules_and_a_constraint_under_them():
+    x = jax.ShapeDtypeStruct((8, 16, 32), jnp.float32)
+
+    def f(v):
+        return acts.activation(v * 2, ("batch", "seq", "embed"))
+
+    assert _constraints(f, x) == []
+    with acts.activation_rules({"seq": "tp", "embed": None}, AXES):
+        specs = _constraints(lambda v: f(v), x)
+    assert specs == [(jax.sharding.PartitionSpec.UNCONSTRAINED, "tp", None)]
+    # Names no rule mentions: nothing traced.
+    with acts.activation_rules({"heads": "tp"}, AXES):
+        assert _constraints(lambda v: f(v), x) == []
+
+
+def test_the_seam_refuses_what_it_cannot_place():
+    x = jnp.zeros((8, 16))
+    with pytest.raises(ValueError, match=r"one name \(or None\) per dim .* shape \(8, 16\)"):
+        acts.activation(x, ("batch",))
+    with pytest.raises(ValueError, match=r"name mesh axes the mesh .* lacks"), \
+            acts.activation_rules({"batch": "fsdp"}, AXES):
+        pass
+
+
+def test_a_later_dim_keeps_an_axis_two_dims_ask_for():
+    x = jax.ShapeDtypeStruct((8, 16, 4, 2), jnp.float32)
+    unconstrained = jax.sharding.PartitionSpec.UNCONSTRAINED
+    with acts.activation_rules({"batch": "dp", "seq": "tp", "heads": "tp"}, AXES):
+        specs = _constraints(lambda v: acts.activation(v, ("batch", "seq", "heads", None)), x)
+    assert specs == [("dp", unconstrained, "tp", unconstrained)]
+    with acts.activation_rules({"batch": ("dp", "tp"), "seq": "tp"}, AXES):
+        specs = _constraints(lambda v: acts.activation(v, ("batch", "seq", None, None)), x)
+    assert specs == [(unconstrained, "tp", unconstrained, unconstrained)]
+
+
+def test_a_models_own_rules_fill_in_and_the_searchs_win():
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+
+    def f(v):
+        with acts.activation_rules({"batch": "dp", "seq": "dp"}, AXES, fill=True):
+            return acts.activation(v, ("batch", "seq"))
+
+    with acts.activation_rules({"seq": "tp"}, AXES):
+        assert _constraints(lambda v: f(v), x) == [("dp", "tp")]
+
+
+def test_points_are_found_by_one_trace_with_their_sizes():
+    workload = get_workload("llama:tiny")
+    found = acts.points(workload.step, workload.abstract())
+    assert found == {"batch": (8,), "seq": (32,), "embed": (64,), "heads": (4,),
+                     "kv_heads": (2,), "mlp": (192,)}
+    # Found again although JAX has traced the step since.
+    jax.eval_shape(workload.step, *workload.abstract())
+    assert acts.points(workload.step, workload.abstract()) == found
+
+
+def test_choices_keep_only_groups_that_divide_every_size():
+    groups = ("-", "dp", "tp", "dp,tp", "tp,dp")
+    choices = acts.activation_choices({"kv_heads": (2,), "heads": (4, 8), "odd": (3,)},
+                                      groups, AXES)
+    assert choices == {"act_kv_heads": ("auto", "-", "dp"),
+                       "act_heads": ("auto", "-", "dp", "tp")}
+
+
+def test_split_setting_separates_the_steps_knobs_from_the_rules():
+    own, rules = acts.split_setting((("remat", "full"), ("act_seq", "tp"),
+                                     ("act_batch", "dp,tp"), ("act_mlp", "-"),
+                                     ("act_embed", "auto")))
+    assert own == (("remat", "full"),)
+    assert rules == {"seq": "tp", "batch": ("dp", "tp"), "mlp": None}
+
+
+# ---------------------------------------------------------------- the knobs
+
+
+def test_knobs_true_offers_one_knob_per_point_and_the_default_is_the_step(mesh24):
+    workload = get_workload("llama:tiny")
+    ctx, _ = make_context(workload, None, mesh24, knobs=True)
+    declared = ctx.knobs.describe()
+    assert declared["act_seq"] == ["auto", "-", "dp", "tp", "dp,tp", "tp,dp"]
+    assert declared["act_kv_heads"] == ["auto", "-", "dp"]  # 2 kv heads: tp=4 cannot split
+    assert declared["remat"] and declared["microbatches"]
+    args = ctx.abstract_args
+    default = ctx.knobs.step(())
+    assert jaxpr_digest(jax.make_jaxpr(default)(*args)) == jaxpr_digest(
+        jax.make_jaxpr(workload.step)(*args))
+    sequence = ctx.knobs.step((("act_seq", "tp"),))
+    specs = _constraints(sequence, *args)
+    assert specs and all(s[1] == "tp" for s in specs if len(s) >= 3 and s[1] is not None)
+    # Asked by name: only those, the others at their defaults.
+    ctx, _ = make_context(workload, None, mesh24, knobs=("act_seq", "remat"))
+    assert set(ctx.knobs.searched()) == {"act_seq", "remat"}
+
+
+def test_activation_sharding_is_one_point_of_the_space(mesh24):
+    """A workload built with `activation_sharding` traces the very program
+    the search's `act_batch` knob gives the plain workload."""
+    cfg = LlamaConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192,
+                      seq=32, batch=8)
+    pinned = dataclasses.replace(cfg, activation_sharding=ActivationSharding(AXES, ("dp",)))
+    plain, fixed = build_llama("llama:a", cfg), build_llama("llama:b", pinned)
+    ctx, _ = make_context(plain, None, mesh24, knobs=("act_batch",))
+    args = plain.abstract()
+    searched = ctx.knobs.step((("act_batch", "dp"),))
+    assert jaxpr_digest(jax.make_jaxpr(searched)(*args)) == jaxpr_digest(
+        jax.make_jaxpr(fixed.step)(*args))
+    # The search's choice overrides the model's own.
+    ctx, _ = make_context(fixed, None, mesh24, knobs=("act_batch",))
+    over = _constraints(ctx.knobs.step((("act_batch", "tp"),)), *args)
+    assert over and all(s[0] == "tp" for s in over)
+
+
+def test_a_placed_step_computes_what_the_step_as_given_computes(mesh24):
+    """Sequence parallelism and heads on tp change where values live, not
+    what they are: the output check passes against the default step."""
+    workload = get_workload("gpt:tiny")
+    ctx, _ = make_context(workload, None, mesh24, knobs=True, warmup=1, repeats=2)
+    dp = baseline_candidates(workload, mesh24)["dp"]
+    specs, _ = resolve(dp, ctx)
+    setting = ctx.knobs.setting({"act_seq": "tp", "act_heads": "tp", "act_batch": "dp"})
+    match, worst = compare_outputs(specs, specs, ctx.with_setting(setting))
+    assert match and worst < 1e-3
+
+
+def test_no_knobs_for_a_step_without_points_or_knobs(mesh24):
+    state = {"w": jnp.ones((16, 16))}
+    with pytest.raises(ValueError, match="declares no knobs and places no activations"):
+        make_context(lambda s, x: (s, {}), (state, jnp.ones((8, 16))), mesh24, knobs=True)
+
+
+# ---------------------------------------------------------------- across processes
+
+
+def test_a_worker_places_the_points_of_the_workload_it_rebuilds(mesh24):
+    workload = get_workload("gpt:tiny")
+    dp = baseline_candidates(workload, mesh24)["dp"]
+    candidate = Candidate(dp.state_rule, dp.batch_rule, "dp",
+                          knobs=(("act_seq", "tp"), ("act_batch", "dp")))
+    outcomes = {}
+    for isolate in (False, True):
+        ctx, _ = make_context(workload, None, mesh24, knobs=True, isolate=isolate,
+                              warmup=1, repeats=2)
+        with ctx:
+            specs, fp = resolve(candidate, ctx)
+            outcomes[isolate] = evaluate(specs, fp, ctx.with_setting(candidate.knobs))
+    assert outcomes[True].status.value == outcomes[False].status.value == "complete"
+    assert outcomes[True].memory["temp"] == outcomes[False].memory["temp"]
+    assert outcomes[True].flops == outcomes[False].flops
+
+
+def test_a_placed_step_travels_by_reference_with_its_rules(mesh24):
+    args = tuple(jax.eval_shape(lambda: _user_args()))
+    knobs = acts.with_activation_knobs(None, user_step, {"act_hidden": ("auto", "tp")},
+                                       acts.mesh_axes(mesh24))
+    setting = (("act_hidden", "tp"),)
+    program, why = package_step(knobs.step(setting), None, args, "cpu", knobs, setting)
+    assert why == ""
+    kind, step, _digest, rules = program
+    assert (kind, step, rules) == ("function", user_step, {"hidden": "tp"})
+    # The default setting still exports (nothing mesh-bound in it).
+    program, why = package_step(user_step, None, args, "cpu", knobs, ())
+    assert program[0] == "export"
+
+
+def test_a_users_step_is_searched_exported_and_rebuilt_from_its_plan(mesh24, tmp_path):
+    args = _user_args()
+    result = ss.optimize(user_step, args, mesh=mesh24, knobs=True, n_trials=8, quiet=True,
+                         storage=f"sqlite:///{tmp_path / 's.db'}", warmup=1, repeats=2,
+                         confirm_rounds=0, isolate=False, seed=0)
+    assert set(result.best_knobs) == {"act_batch", "act_hidden"}
+    searched = [r for r in result.trials if any(n.startswith("act_") for n, _ in r.knobs)]
+    assert searched, "no trial placed an activation"
+    path = tmp_path / "plan.json"
+    ss.write_config(ss.export_config(result, args=args), path)
+    plan = ss.load_plan(path)
+    assert set(json.loads(path.read_text())["knobs"]) == {"act_batch", "act_hidden"}
+    chosen = {n: v for n, v in plan.knobs.items() if v != "auto"}
+    built = plan.build_step(user_step)
+    assert len(_constraints(built, *args)) == (1 if chosen else 0)
+    # Applied in the user's code: same numbers as the step as given.
+    mesh_specs = plan.apply(args)
+    placed = jax.device_put(args, jax.tree.map(
+        lambda s: jax.sharding.NamedSharding(mesh24, s), mesh_specs,
+        is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)))
+    got = jax.jit(built)(*placed)[1]["loss"]
+    want = user_step(*args)[1]["loss"]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
+
+
+def test_a_plan_with_a_factorys_knobs_needs_the_factory(tmp_path, mesh24):
+    dp = baseline_candidates(None, mesh24, _user_args())["dp"]
+    path = tmp_path / "plan.json"
+    ss.write_config(plan_config(dp.state_rule, dp.batch_rule, mesh24), path)
+    plan = dataclasses.replace(ss.load_plan(path), knobs={"remat": "full", "act_seq": "tp"})
+    with pytest.raises(ValueError, match=r"sets the step's knobs \{'remat': 'full'\}; pass "
+                                         r"the Knobs"):
+        plan.build_step(user_step)
+    workload = get_workload("llama:tiny")
+    built = plan.build_step(workload.knobs)
+    specs = _constraints(built, *workload.abstract())
+    assert specs and all(s[1] == "tp" for s in specs if len(s) == 3)
