@@ -48,19 +48,19 @@ def main() -> dict:
     specs = plan.apply(args)
     compared = _common.same_specs(result.best_specs, specs)
     mesh = _common.mesh()
-    model = sse.apply_plan(model, specs[0][0], mesh)
+    model = sse.apply_plan(model, specs[0]["params"], mesh)
     placed = [leaf.sharding.spec for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
-    _common.same_specs(jax.tree.leaves(specs[0][0], is_leaf=_common.is_spec), placed)
+    _common.same_specs(jax.tree.leaves(specs[0]["params"], is_leaf=_common.is_spec), placed)
 
     # One training step on the placed model, its state and batch as the plan says.
     step_s, args_s = sse.train_step(model, optimizer, loss_fn, x, y)
     state = sse.place(args_s[0], specs[0], mesh)
     batch = [sse.place(b, s, mesh) for b, s in zip(args_s[1:], specs[1:], strict=True)]
-    (new_params, _), metrics = eqx.filter_jit(step_s)(state, *batch)
-    weight = new_params.layers[0].weight
+    new_state, metrics = eqx.filter_jit(step_s)(state, *batch)
+    weight = new_state["params"].layers[0].weight
+    want = specs[0]["params"].layers[0].weight
     assert isinstance(weight.sharding, NamedSharding)
-    assert weight.sharding.is_equivalent_to(NamedSharding(mesh, specs[0][0].layers[0].weight),
-                                            weight.ndim)
+    assert weight.sharding.is_equivalent_to(NamedSharding(mesh, want), weight.ndim)
     axes = ss.discover_logical_axes(step, args)
     seconds = time.perf_counter() - started
     summary = {"example": "equinox_mlp", "winner": result.best_label, "check": line,

@@ -132,13 +132,13 @@ def main() -> dict:
     compared = _common.same_specs(measured, _common.flax_specs(logical, data))
 
     # One training step with the winner's plan, the model placed by it.
-    ssf.apply_plan(model, specs[0][0], mesh)
+    ssf.apply_plan(model, specs[0]["params"], mesh)
     step_s, args_s = ssf.train_step(model, optax.adamw(1e-3), loss_fn, tokens, targets)
     state = ssf.place(args_s[0], specs[0], mesh)
     batch = [ssf.place(b, s, mesh) for b, s in zip(args_s[1:], specs[1:], strict=True)]
     _, metrics = jax.jit(step_s)(state, *batch)
     placed = [p.sharding.spec for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
-    _common.same_specs(jax.tree.leaves(specs[0][0], is_leaf=_common.is_spec), placed)
+    _common.same_specs(jax.tree.leaves(specs[0]["params"], is_leaf=_common.is_spec), placed)
     assert isinstance(model.blocks[0].attn.wq.kernel[...].sharding, NamedSharding)
     seconds = time.perf_counter() - started
     summary = {"example": "nnx_decoder", "winner": result.best_label, "check": line,

@@ -4,11 +4,12 @@ never imports this module (nor Equinox).
 
     step, args = sse.train_step(model, optax.adamw(1e-3), loss_fn, x, y)
     result = ss.optimize(step, args, mesh=mesh, n_trials=20)
-    model = sse.apply_plan(model, result.best_specs[0][0], mesh)
+    model = sse.apply_plan(model, result.best_specs[0]["params"], mesh)
 
-The state is `(params, opt_state)`: the module's arrays (`eqx.filter(model,
-eqx.is_array)`, a module with None where the static parts are) and optax's
-state on them.
+The state is `{"params": ..., "opt_state": ...}`: the module's arrays
+(`eqx.filter(model, eqx.is_array)`, a module with None where the static
+parts are) and optax's state on them, under `opt_state/` where the search's
+optimizer-state axes look for it.
 """
 
 from __future__ import annotations
@@ -34,25 +35,26 @@ def train_step(model: Any, optimizer: Any, loss_fn: Callable[..., Any],
       batch: one batch of the step's inputs.
 
     Returns:
-      `(step, ((params, opt_state), *batch))`, `step(state, *batch) -> (state,
-      {"loss": loss})`.
+      `(step, ({"params": params, "opt_state": opt_state}, *batch))`,
+      `step(state, *batch) -> (state, {"loss": loss})`.
     """
     import optax
 
     params, static = eqx.partition(model, eqx.is_array)
 
     def step(state: Any, *batch: Any) -> Any:
-        params, opt_state = state
+        params, opt_state = state["params"], state["opt_state"]
 
         def loss_of(params: Any) -> Any:
             return loss_fn(eqx.combine(params, static), *batch)
 
         loss, grads = jax.value_and_grad(loss_of)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), {"loss": loss}
+        new = {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
+        return new, {"loss": loss}
 
     step.__name__ = f"{type(model).__name__}_train_step"
-    return step, ((params, optimizer.init(params)), *batch)
+    return step, ({"params": params, "opt_state": optimizer.init(params)}, *batch)
 
 
 def shardings(specs: Any, mesh: Mesh) -> Any:
@@ -62,7 +64,7 @@ def shardings(specs: Any, mesh: Mesh) -> Any:
 
 def apply_plan(model: Any, param_specs: Any, mesh: Mesh) -> Any:
     """A copy of `model` whose arrays sit on the `NamedSharding`s of `param_specs`
-    (`result.best_specs[0][0]`: the params of the state `(params, opt_state)`)."""
+    (`result.best_specs[0]["params"]`: the params of the state)."""
     params, static = eqx.partition(model, eqx.is_array)
     return eqx.combine(jax.device_put(params, shardings(param_specs, mesh)), static)
 

@@ -7,11 +7,13 @@ shardsearch` never imports this module (nor Flax).
 
     step, args = ssf.train_step(model, optax.adamw(3e-4), loss_fn, batch)
     result = ss.optimize(step, args, mesh=mesh, n_trials=20)
-    model = ssf.apply_plan(model, result.best_specs[0], mesh)  # params sharded
+    model = ssf.apply_plan(model, result.best_specs[0]["params"], mesh)  # params sharded
 
-The state travels as `(params, opt_state)` with the `nnx.Param` boxes kept,
-so the logical names the model carries (`nnx.with_partitioning`, `sharding=`)
-reach `discover_logical_axes`, which adopts them (`logical.user`).
+The state travels as `{"params": ..., "opt_state": ...}` with the `nnx.Param`
+boxes kept, so the logical names the model carries (`nnx.with_partitioning`,
+`sharding=`) reach `discover_logical_axes`, which adopts them
+(`logical.user`), and the optimizer's state sits under `opt_state/`, where
+the search's optimizer-state axes (`opt_state_axes`) look for it.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def train_step(model: nnx.Module, optimizer: Any, loss_fn: Callable[..., Any],
 
     Returns:
       `(step, (state, *batch))`: `step(state, *batch) -> (state, {"loss": loss})`
-      with `state = (params, opt_state)`, the `nnx.State` of the params (boxes
-      and their logical names kept) and optax's state on it.
+      with `state = {"params": params, "opt_state": opt_state}`, the
+      `nnx.State` of the params (boxes and their logical names kept) and
+      optax's state on it.
 
     Example:
       >>> step, args = train_step(model, optax.adamw(1e-3), loss, tokens, targets)
@@ -51,17 +54,18 @@ def train_step(model: nnx.Module, optimizer: Any, loss_fn: Callable[..., Any],
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def step(state: Any, *batch: Any) -> Any:
-        params, opt_state = state
+        params, opt_state = state["params"], state["opt_state"]
 
         def loss_of(params: Any) -> Any:
             return loss_fn(nnx.merge(graphdef, params, rest), *batch)
 
         loss, grads = jax.value_and_grad(loss_of)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), {"loss": loss}
+        new = {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
+        return new, {"loss": loss}
 
     step.__name__ = f"{type(model).__name__}_train_step"
-    return step, ((params, optimizer.init(params)), *batch)
+    return step, ({"params": params, "opt_state": optimizer.init(params)}, *batch)
 
 
 def shardings(specs: Any, mesh: Mesh) -> Any:
@@ -76,8 +80,9 @@ def apply_plan(model: nnx.Module, param_specs: Any, mesh: Mesh) -> nnx.Module:
 
     Args:
       model: the module `train_step` was built from.
-      param_specs: the spec tree of the params, e.g. `result.best_specs[0][0]`
-        (the state is `(params, opt_state)`).
+      param_specs: the spec tree of the params, e.g.
+        `result.best_specs[0]["params"]` (the state is `{"params",
+        "opt_state"}`).
       mesh: a concrete mesh with the plan's axis names.
     """
     params = nnx.state(model, nnx.Param)

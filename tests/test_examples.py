@@ -94,7 +94,7 @@ def test_equinox_mlp(tmp_path):
     # No names given: the axes are the discovered ones.
     assert "batch" in summary["axes"] and "embed" in summary["axes"]
     # The plan file read back and the placed module give the measured specs on
-    # every leaf of (params, opt_state), x and y.
+    # every leaf of {params, opt_state}, x and y.
     assert summary["leaves_compared"] == 27
 
 

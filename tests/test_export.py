@@ -271,7 +271,7 @@ def test_an_unfinished_study_exports_its_best_completed_trial(static_result, sto
     assert config["results"]["compiles"] is None
 
 
-def test_a_raw_step_study_exports_without_specs(tmp_path):
+def test_a_raw_step_result_exports_its_specs_and_a_stored_study_needs_args(tmp_path):
     mesh = ss.create_mesh((8,), ("x",))
 
     def step(state, batch):
@@ -281,10 +281,16 @@ def test_a_raw_step_study_exports_without_specs(tmp_path):
             jax.ShapeDtypeStruct((16, 8), np.float32))
     result = ss.optimize(step, args, mesh=mesh, n_trials=2, objective="static",
                       storage=f"sqlite:///{tmp_path}/s.db", quiet=True, isolate=False)
+    # The result carries the arguments it searched on: its plan has the specs.
     config = ss.export_config(result)
-    assert config["workload"] is None and config["search"]["workload"] is None
-    assert ss.load_plan(ss.write_config(config, tmp_path / "p.json")).leaves is None
-    resolved = ss.export_config(result, args=args)["workload"]
+    assert config["search"]["workload"] is None
+    assert [leaf["path"] for leaf in config["workload"]["arguments"][0]] == ["w"]
+    assert ss.load_plan(ss.write_config(config, tmp_path / "p.json")).leaves is not None
+    # The stored study does not: without args its plan has rules only.
+    stored = ss.export_config(result.study)
+    assert stored["workload"] is None
+    assert ss.load_plan(ss.write_config(stored, tmp_path / "q.json")).leaves is None
+    resolved = ss.export_config(result.study, args=args)["workload"]
     assert [leaf["path"] for leaf in resolved["arguments"][0]] == ["w"]
 
 

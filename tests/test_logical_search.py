@@ -84,8 +84,9 @@ def test_logical_space_params_and_candidate(gpt):
     choices = group_choices(("dp", "tp"))
     assert _declared(space) == [
         ("batch_axes", ("-", "dp", "tp", "dp,tp", "tp,dp"), ()),
-        *((f"logical_{n}", choices, ()) for n in ("mlp", "vocab", "vocab_2", "embed", "seq",
-                                                  "heads")),
+        *((f"logical_{n}", choices, ()) for n in ("mlp", "vocab", "vocab_2", "embed", "seq")),
+        # 4 heads: the 8-way groups would leave them whole, the "-" candidate again.
+        ("logical_heads", ("-", "dp", "tp"), ()),
         # The state has Adam moments: the optimizer-state block ends the space.
         ("opt_state_axes", choices, ())]
     params = {"batch_axes": "dp", "logical_mlp": "tp", "logical_vocab": "tp",

@@ -111,11 +111,11 @@ def test_nnx_metadata_names_the_params_and_the_adam_moments():
                                 jnp.ones((B, D)))
     axes = ss.discover_logical_axes(step, args)
     names = _names(axes)
-    assert names["0/w1/value"] == ("width", "ff")
-    assert names["0/w2/value"] == ("ff", "width")
+    assert names["params/w1/value"] == ("width", "ff")
+    assert names["params/w2/value"] == ("ff", "width")
     for moment in ("mu", "nu"):
-        assert names[f"1/0/{moment}/w1/value"] == ("width", "ff")
-        assert names[f"1/0/{moment}/w2/value"] == ("ff", "width")
+        assert names[f"opt_state/0/{moment}/w1/value"] == ("width", "ff")
+        assert names[f"opt_state/0/{moment}/w2/value"] == ("ff", "width")
     assert axes.conflicts == ()
 
 

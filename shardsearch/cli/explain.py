@@ -1,6 +1,6 @@
 """`shardsearch explain`: per leaf, its logical axes, its spec, why, and bytes per device.
 
-Works on any plan file (and on a `logical-axis-rules` file): the leaves are
+Works on any plan file (and on a `logical-axis-rules` or `flax-rules` file): the leaves are
 the workload's (`--workload`), else those the plan recorded, else (a logical
 file) the rule's own table.
 """
@@ -17,7 +17,8 @@ from .render import arg_name, axes, spec_text, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a plan file (optimize/export) or a logical-axis-rules file")
+    p.add_argument("file", help="a plan file (optimize/export), or a logical-axis-rules or "
+                                "flax-rules file")
     p.add_argument("--workload", metavar="NAME",
                    help="explain the leaves of this workload (default: the leaves the plan "
                         "recorded); also names each leaf's logical axes for plans of other "
@@ -81,9 +82,9 @@ def _builtin(name: str | None) -> Any:
 
 def _load(data: Any, mesh: Any, where: str) -> tuple[Any, Any, Any, tuple[Any, ...] | None]:
     """The rules, the mesh they are bound to, and the leaves the file records."""
-    from ..rules.logical import FORMAT, rule_from_logical_axis_rules
+    from ..rules.logical import FLAX_FORMAT, FORMAT, rule_from_logical_axis_rules
 
-    if isinstance(data, dict) and data.get("format") == FORMAT:
+    if isinstance(data, dict) and data.get("format") in (FORMAT, FLAX_FORMAT):
         state, batch, mesh = rule_from_logical_axis_rules(data, mesh, where)
         leaves = [_table_tree(state)]
         if batch is None:

@@ -215,12 +215,14 @@ def logical_axis_rules_config(config: Mapping[str, Any],
             "the plan splits the optimizer state over more mesh axes than its parameters "
             f"({list(rule.axes)}: an 'optimizer-state' rule around a logical one), which "
             "logical-axis rules cannot say (one mesh placement per logical name); export a "
-            "trial whose opt_state_axes is '-' (--trial N), or use --format json")
+            "trial whose opt_state_axes is '-' (export_config(result, trial=N), or --trial "
+            "N), or write format 'json'")
     if not isinstance(rule, LogicalAxisRule):
         raise ValueError(
             f"the plan's state rule is a {rule.kind!r} rule, not 'logical', so it has no "
-            "logical-axis rules; export a trial of the logical family (--trial N, its "
-            "state_rule kind 'logical'), search with space 'logical', or use --format json")
+            "logical-axis rules; export a trial of the logical family (one whose "
+            "state_rule kind is 'logical': export_config(result, trial=N), or --trial N), "
+            "search with space 'logical', or write format 'json'")
     batch_rule = rule_from_config(config["batch_rule"], mesh, "plan batch_rule")
     return convert(rule, dict(zip(names, sizes, strict=True)), batch_rule)
 

@@ -59,9 +59,10 @@ def export_config(
     Args:
       source: what `optimize` returned, or a stored study (`optuna.load_study`).
       workload: the `Workload` to resolve specs on. Default: the study's own
-        workload when it is a built-in ("gpt:tiny"); a study run on a user
-        factory or a raw step needs `workload` or `args`, because a stored
-        study never makes shardsearch import code by itself.
+        workload when it is a built-in ("gpt:tiny"), else the arguments an
+        `OptimizeResult` searched on; a stored study run on a user factory
+        or a raw step needs `workload` or `args`, because a stored study
+        never makes shardsearch import code by itself.
       args: `(state, *batch)` (arrays or ShapeDtypeStructs) instead of a workload.
       trial: export this trial number instead of the winner.
 
@@ -104,6 +105,10 @@ def export_config(
     name = attrs.get(_attrs.WORKLOAD)
     if workload is None and args is None and name is not None:
         workload = _builtin_workload(name, where)
+    setup = getattr(source, "setup", None)
+    if workload is None and args is None and setup is not None:
+        # A result of a raw step carries the arguments it searched on.
+        args = setup.context.abstract_args
     config = plan_config(state_rule, batch_rule, mesh, args=args, workload=workload)
     is_best = chosen.number == best.number
     # What the search could not read (the study's setup, the chosen trial): only

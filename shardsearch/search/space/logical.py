@@ -2,7 +2,8 @@
 
 `LogicalBlock` declares one categorical parameter per offered logical axis,
 `logical_<name>`, whose choices are `"-"` (unsharded), each mesh axis, and
-ordered groups of mesh axes (`"dp,tp"`, the same key form as `batch_axes`).
+ordered groups of mesh axes (`"dp,tp"`, the same key form as `batch_axes`),
+those whose size divides the axis's units (4 heads are not offered 8 ways).
 The offered axes are those of the state whose size (units) is at least the
 smallest mesh axis, capped to the `SearchSpace.logical_max_axes` largest
 (ties by name), so that TPE can still learn the space.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -161,9 +163,15 @@ class LogicalBlock(ParamBlock):
     """
 
     def params(self, space: SearchSpace) -> tuple[Param, ...]:
+        # A group whose size does not divide the axis's units would leave it
+        # whole (`LogicalAxisRule`), the "-" candidate again: not offered.
         choices = group_choices(space.axes)
-        return tuple(Param.categorical(f"logical_{name}", choices)
-                     for name in space.logical_axes())
+        sizes = _mesh.axis_sizes(space.mesh)
+        units = {a.name: a.size for a in space.logical.axes}
+        return tuple(Param.categorical(f"logical_{name}", tuple(
+            c for c in choices if c == "-" or units[name] % math.prod(
+                sizes[a] for a in c.split(",")) == 0))
+            for name in space.logical_axes())
 
     def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
         logical = space.logical
