@@ -139,7 +139,11 @@ def test_an_unhandled_primitive_is_listed_warned_once_stored_and_printed(
     assert _cli.main(["show", str(plan)]) == 0
     assert "warning: unhandled: primitives with no coupling rule: test_double" in (
         capsys.readouterr().out)
-    # A raw step's plan records no leaves, so explain needs them from a workload
-    # (tests/test_cli.py covers explain); here only that it refuses plainly.
-    assert _cli.main(["explain", str(plan)]) == 2
+    # The result's plan records the raw step's leaves: explain prints the note too.
+    assert _cli.main(["explain", str(plan)]) == 0
+    assert "warning: unhandled: primitives with no coupling rule: test_double" in (
+        capsys.readouterr().out)
+    # A plan from the stored study has no leaves: explain needs a workload.
+    stored = ss.write_config(ss.export_config(study), tmp_path / "stored.json")
+    assert _cli.main(["explain", str(stored)]) == 2
     assert "records no leaves" in capsys.readouterr().err

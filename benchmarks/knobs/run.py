@@ -95,7 +95,8 @@ def search_entry(suite, entry, trials: int, out: Path) -> dict:
                          start_from=[start_plan])
     label = f"plan:{start_plan.stem}"
     published = next((t for t in result.trials if t.label == label), None)
-    best = fingerprint(result.best_specs, workload.knobs.setting(result.best_knobs))
+    # The study's knobs: the workload's and its activation points' (`act_<name>`).
+    best = fingerprint(result.best_specs, result.setup.context.knobs.setting(result.best_knobs))
     winner = next(t for t in result.trials if t.outcome.fingerprint == best)
     return {"entry": entry.id, "chip": chip, "mesh": entry.mesh, "trials": trials,
             "published_plan": entry.published.plan,
