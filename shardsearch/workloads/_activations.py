@@ -6,7 +6,8 @@ decides the rest. The built-in transformers name their activations through
 (`optimize(..., knobs=True)`: the `act_<name>` knobs):
 
 - the residual stream, `RESIDUAL` (at the embedding and every block's input);
-- the attention's queries, `HEADS`, and its score matrix, `SCORES`;
+- the attention's queries, `HEADS`, its keys and values, `KV`, and its
+  score matrix, `SCORES`;
 - the MLP's hidden state, `HIDDEN`.
 
 An `ActivationSharding` is one fixed choice of that space, as MaxText's
@@ -97,5 +98,6 @@ def placed(sharding: ActivationSharding | None) -> contextlib.AbstractContextMan
 # The names of the built-in transformers' points, one per dim.
 RESIDUAL = ("batch", "seq", "embed")
 HEADS = ("batch", "seq", "heads", None)
+KV = ("batch", "seq", "kv_heads", None)
 SCORES = ("batch", "kv_heads", None, None, None)
 HIDDEN = ("batch", "seq", "mlp")

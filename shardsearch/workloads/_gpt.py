@@ -152,8 +152,8 @@ def _block(cfg: GPTConfig, x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array]
     a = p["attn"]
     y = _layers.layer_norm(x, p["ln1"])
     q = activation((y @ a["wq"]).reshape(b, s, h, dh), _activations.HEADS)
-    k = (y @ a["wk"]).reshape(b, s, h, dh)
-    v = (y @ a["wv"]).reshape(b, s, h, dh)
+    k = activation((y @ a["wk"]).reshape(b, s, h, dh), _activations.KV)
+    v = activation((y @ a["wv"]).reshape(b, s, h, dh), _activations.KV)
     out = _layers.causal_attention(q, k, v, cfg.attention_chunk)
     if x.dtype != jnp.float32:
         # The softmax runs in float32; its output goes back to the compute dtype.

@@ -124,11 +124,12 @@ def attention(cfg: LlamaConfig, x: jax.Array, p: dict) -> jax.Array:
     h, kv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q = activation(_layers.rotary((x @ p["wq"]).reshape(b, s, h, dh), cfg.rope_theta),
                    _activations.HEADS)
-    k = _layers.rotary((x @ p["wk"]).reshape(b, s, kv, dh), cfg.rope_theta)
+    k = activation(_layers.rotary((x @ p["wk"]).reshape(b, s, kv, dh), cfg.rope_theta),
+                   _activations.KV)
     if x.dtype != jnp.float32:
         # The rotary tables are float32 and would promote q and k back to it.
         q, k = q.astype(x.dtype), k.astype(x.dtype)
-    v = (x @ p["wv"]).reshape(b, s, kv, dh)
+    v = activation((x @ p["wv"]).reshape(b, s, kv, dh), _activations.KV)
     out = _layers.causal_attention(q, k, v, cfg.attention_chunk)
     if x.dtype != jnp.float32:
         # The softmax runs in float32; its output goes back to the compute dtype.
