@@ -273,3 +273,21 @@ def test_a_plan_with_a_factorys_knobs_needs_the_factory(tmp_path, mesh24):
     built = plan.build_step(workload.knobs)
     specs = _constraints(built, *workload.abstract())
     assert specs and all(s[1] == "tp" for s in specs if len(s) == 3)
+
+
+def test_the_best_baseline_gets_one_sequence_parallel_variant(mesh24):
+    from shardsearch.search.space.candidate import knob_variants
+
+    workload = get_workload("llama:tiny")
+    ctx, _ = make_context(workload, None, mesh24, knobs=True)
+    dp = baseline_candidates(workload, mesh24)["dp"]
+    variants = knob_variants(dp, ctx.knobs, ("tp",))
+    act = {label: v.knobs for label, v in variants.items() if "act_" in label}
+    # 2 kv heads: tp=4 is not offered to them, so the variant leaves them alone.
+    assert act == {"dp~act_seq=tp,act_heads=tp,act_mlp=tp": (
+        ("act_seq", "tp"), ("act_heads", "tp"), ("act_mlp", "tp"))}
+    assert {label for label in variants if "act_" not in label} == {
+        "dp~microbatches=2", "dp~microbatches=4", "dp~microbatches=8", "dp~remat=selective",
+        "dp~remat=full"}
+    # No tensor axis, no such variant.
+    assert not any("act_" in label for label in knob_variants(dp, ctx.knobs, ()))

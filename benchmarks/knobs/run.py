@@ -79,7 +79,7 @@ def compile_entry(suite, entry, setting: dict) -> dict:
             "command": " ".join([COMMAND, *sys.argv[1:]])}
 
 
-def search_entry(suite, entry, trials: int, out: Path) -> dict:
+def search_entry(suite, entry, trials: int, out: Path, tag: str) -> dict:
     chip = entry.hardware or suite.hardware
     dims, names = ss.parse_mesh(entry.mesh)
     mesh = ss.target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
@@ -91,7 +91,7 @@ def search_entry(suite, entry, trials: int, out: Path) -> dict:
     result = ss.optimize(workload, mesh=mesh, objective="static", n_trials=trials,
                          hardware=ss.HARDWARE[chip], dcn_axes=entry.dcn_axes, knobs=True,
                          quiet=True, isolate=False, storage=f"sqlite:///{out / 'studies.db'}",
-                         study_name=f"{entry.id}/knobs", seed=entry.seed,
+                         study_name=f"{entry.id}/{tag}", seed=entry.seed,
                          start_from=[start_plan])
     label = f"plan:{start_plan.stem}"
     published = next((t for t in result.trials if t.label == label), None)
@@ -153,6 +153,9 @@ def main() -> int:
     p.add_argument("--settings", action="append", default=[])
     p.add_argument("--search", type=int, metavar="TRIALS",
                    help="search the knobs with the sharding instead (see above)")
+    p.add_argument("--study-tag", default="knobs",
+                   help="the studies are named ENTRY/TAG in DIR/studies.db; a new tag starts "
+                        "afresh where the knobs declared changed (the activation points')")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "knobs"))
     a = p.parse_args()
     suite = load_suite("published-chip")
@@ -164,7 +167,7 @@ def main() -> int:
         path = out / "search.json"
         rows = json.loads(path.read_text()) if path.exists() else []
         for entry_id in a.entries.split(","):
-            row = search_entry(suite, by_id[entry_id], a.search, out)
+            row = search_entry(suite, by_id[entry_id], a.search, out, a.study_tag)
             print(search_table([row]), flush=True)
             rows = [r for r in rows if r["entry"] != entry_id] + [row]
             path.write_text(json.dumps(rows, indent=1) + "\n")

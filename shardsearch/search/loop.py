@@ -31,7 +31,7 @@ from .finish import finish
 from .result import OptimizeResult
 from .setup import SearchSettings, StudySetup, make_context, prepare, start_executor
 from .shapes import search_shapes
-from .space.baselines import start_candidates
+from .space.baselines import start_candidates, tensor_axes
 from .space.candidate import Candidate, knob_variants
 from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
@@ -249,7 +249,8 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     done = {r.label: r for r in runner.records if r.outcome.status == COMPLETE}
     best = min((done[label] for label in order if label in done),
                key=lambda r: r.outcome.value, default=None)
-    variants = knob_variants(order[best.label], knobs) if best is not None else {}
+    variants = (knob_variants(order[best.label], knobs, tensor_axes(setup.context.mesh))
+                if best is not None else {})
     left = settings.n_trials - first
     now = min(len(variants), left)
     if now:

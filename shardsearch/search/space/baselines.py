@@ -174,6 +174,13 @@ def _plain_workload(args: tuple[Any, ...]) -> Any:
     return Workload("step", never, never, lambda: (state, batch_tree), 0.0, 0)
 
 
+def tensor_axes(mesh: Any) -> tuple[str, ...]:
+    """The mesh's tensor-parallel axes of size > 1 (named one of `TENSOR_NAMES`),
+    in mesh order."""
+    sizes = _mesh.axis_sizes(mesh)
+    return tuple(a for a in mesh.axis_names if a in TENSOR_NAMES and sizes[a] > 1)
+
+
 def logical_megatron(mesh: Any, logical: LogicalAxes) -> Candidate:
     """The Megatron-style logical baseline, `logical_megatron`.
 
@@ -193,7 +200,7 @@ def logical_megatron(mesh: Any, logical: LogicalAxes) -> Candidate:
         axes divide; the message says which.
     """
     sizes = _mesh.axis_sizes(mesh)
-    tensor = tuple(a for a in mesh.axis_names if a in TENSOR_NAMES and sizes[a] > 1)
+    tensor = tensor_axes(mesh)
     if not tensor:
         raise ValueError(
             f"{LOGICAL_MEGATRON} needs a tensor axis of size > 1 (named one of "

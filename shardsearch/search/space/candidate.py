@@ -74,14 +74,23 @@ def is_variant(label: str) -> bool:
     return VARIANT_MARK in label
 
 
-def knob_variants(candidate: Candidate, knobs: Knobs) -> dict[str, Candidate]:
+# The activation points sequence parallelism places on the tensor axes: the
+# sequence of the residual stream, the attention's heads, the MLP's hidden
+# width (the built-in transformers' names, `workloads._activations`).
+SEQUENCE_PARALLEL = ("seq", "heads", "kv_heads", "mlp")
+
+
+def knob_variants(candidate: Candidate, knobs: Knobs,
+                  tensor: tuple[str, ...] = ()) -> dict[str, Candidate]:
     """`candidate`'s sharding with each single knob changed to each of its
     other values: how an expert tunes a plan they trust (remat off, two
     microbatches), one change at a time, labelled
     `"<label>~<knob>=<value>"`. Empty for a candidate whose knobs are not
     the defaults already. The activation knobs (`act_<name>`) are left to the
-    sampler: a dozen values of half a dozen names would fill the study with
-    variants.
+    sampler, a dozen values of half a dozen names, except for the one move
+    experts make with them: with `tensor` axes and an `act_seq` knob, one
+    variant puts every `SEQUENCE_PARALLEL` point that offers them on them
+    (Megatron-LM's sequence parallelism).
 
     Example:
       `knob_variants(fsdp, Knobs(f, {"remat": ("full", "none")}))` →
@@ -97,4 +106,11 @@ def knob_variants(candidate: Candidate, knobs: Knobs) -> dict[str, Candidate]:
             setting = knobs.setting({name: value})
             label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"
             out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+    group = ",".join(tensor)
+    chosen = {f"{ACTIVATION_KNOB}{n}": group for n in SEQUENCE_PARALLEL
+              if group in knobs.searched().get(f"{ACTIVATION_KNOB}{n}", ())}
+    if f"{ACTIVATION_KNOB}seq" in chosen:
+        setting = knobs.setting(chosen)
+        label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"
+        out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
     return out
