@@ -291,3 +291,16 @@ def test_the_best_baseline_gets_one_sequence_parallel_variant(mesh24):
         "dp~remat=full"}
     # No tensor axis, no such variant.
     assert not any("act_" in label for label in knob_variants(dp, ctx.knobs, ()))
+
+
+def test_a_plan_places_the_points_on_the_mesh_it_was_loaded_for(tmp_path, mesh24):
+    dp = baseline_candidates(None, mesh24, _user_args())["dp"]
+    path = ss.write_config(plan_config(dp.state_rule, dp.batch_rule, mesh24), tmp_path / "p.json")
+    other = ss.abstract_mesh((4, 2), ("dp", "tp"))
+    plan = dataclasses.replace(ss.load_plan(path, mesh=other), knobs={"act_hidden": "tp"})
+    jaxpr = jax.make_jaxpr(plan.build_step(user_step))(*_user_args())
+    found = [e.params["sharding"] for e in jaxpr.eqns if e.primitive.name == "sharding_constraint"]
+    found += [e.params["sharding"] for eqn in jaxpr.eqns for value in eqn.params.values()
+              for e in getattr(getattr(value, "jaxpr", None), "eqns", ())
+              if e.primitive.name == "sharding_constraint"]
+    assert found and all(dict(s.mesh.shape) == {"dp": 4, "tp": 2} for s in found)

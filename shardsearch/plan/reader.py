@@ -118,7 +118,8 @@ class ShardingPlan:
         Returns:
           `step.make_step(**knobs)` (defaults for the knobs not listed), or
           `step`, tracing its `shardsearch.activation` points as the plan's
-          `act_<name>` knobs place them on the plan's mesh.
+          `act_<name>` knobs place them on `mesh` (the one `load_plan` was
+          given, else the recorded axes).
 
         Raises:
           ValueError: the plan sets a factory's knobs but `step` is a plain
@@ -133,7 +134,7 @@ class ShardingPlan:
                              "found with, not a built step")
         else:
             inner = step
-        return under_rules(inner, rules, self.recorded_mesh)
+        return under_rules(inner, rules, tuple(_mesh.axis_sizes(self.mesh).items()))
 
     @property
     def batch_spec(self) -> P | None:

@@ -89,15 +89,15 @@ def package_step(step: Any, workload: Workload | None, abstract_args: Sequence[A
         except Exception as err:  # anything JAX cannot export: callbacks, mesh-bound ops, ...
             problems.append(f"jax.export failed ({error_line(err)})")
     digest = jaxpr_digest(traced)
+    # The activation knobs' rules travel apart: the worker places the points
+    # of the step it rebuilt (`base.activations.under_rules`).
+    make_step = getattr(knobs.make_step, "base", knobs.make_step) if knobs else None
     if workload is not None:
         if _resolvable(workload.name):
             return ("workload", workload.name, digest, tuple(setting)), ""
         problems.append(f"workload {workload.name!r} is neither built in nor a "
                         "'package.module:function' factory")
-    # The activation knobs' rules travel apart: the worker places the points
-    # of the step it rebuilt (`base.activations.under_rules`).
-    make_step = getattr(knobs.make_step, "base", knobs.make_step) if knobs else None
-    if make_step is not None:
+    elif make_step is not None:
         if _importable(make_step):
             values = {n: v for n, v in knobs.values(setting).items()
                       if not n.startswith(PREFIX)}
