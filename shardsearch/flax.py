@@ -14,6 +14,11 @@ boxes kept, so the logical names the model carries (`nnx.with_partitioning`,
 `sharding=`) reach `discover_logical_axes`, which adopts them
 (`logical.user`), and the optimizer's state sits under `opt_state/`, where
 the search's optimizer-state axes (`opt_state_axes`) look for it.
+
+Activations the model names with Flax's `nn.with_logical_constraint` are
+sharding points of the search (`shardsearch.activation`) once
+`constraint_points` has been called (`train_step` calls it): a search with
+`knobs=True` offers `act_<name>` for each of the model's names.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Any
 import jax
 from flax import nnx
 from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
+from .base import activations
 from .base.mesh import named_shardings
 
 
@@ -51,6 +58,7 @@ def train_step(model: nnx.Module, optimizer: Any, loss_fn: Callable[..., Any],
     """
     import optax
 
+    constraint_points()
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def step(state: Any, *batch: Any) -> Any:
@@ -94,3 +102,76 @@ def apply_plan(model: nnx.Module, param_specs: Any, mesh: Mesh) -> nnx.Module:
 def place(tree: Any, specs: Any, mesh: Mesh) -> Any:
     """`tree` (the state, a batch) moved to the `NamedSharding`s of `specs`."""
     return jax.device_put(tree, shardings(specs, mesh))
+
+
+def constraint_points(step: Callable[..., Any] | None = None) -> Any:
+    """Makes the model's `nn.with_logical_constraint` names sharding points.
+
+    From the first call on, `flax.linen.with_logical_constraint` (what
+    `nn.with_logical_constraint(x, names)` calls, in Linen and NNX models
+    alike) is a `shardsearch.activation` point while a search traces the
+    step: `points` finds the names, and the search's `act_<name>` rules place
+    them (a name no rule places is left to XLA). Anywhere else, and wherever
+    the call pins its own placement (Flax's `logical_axis_rules` are active,
+    or it passes `rules=` or `mesh=`), Flax's own function runs, unchanged.
+
+    Use it as a decorator on a step written by hand, in the module that
+    defines it, so that a worker importing the step installs it too
+    (`train_step` calls it for its steps).
+
+    Args:
+      step: returned as it is (None: nothing).
+
+    Returns:
+      `step`.
+
+    Example:
+      >>> @ssf.constraint_points
+      ... def train_step(state, tokens, targets): ...
+      >>> ss.optimize(train_step, args, mesh=mesh, knobs=True)  # act_activation_batch, ...
+
+    A name imported before the first call (`from flax.linen import
+    with_logical_constraint`) keeps Flax's function: call it as
+    `nn.with_logical_constraint`.
+    """
+    import flax.linen as nn
+
+    if not getattr(nn.with_logical_constraint, "shardsearch_points", False):
+        nn.with_logical_constraint = _as_points(nn.with_logical_constraint)
+    return step
+
+
+def _as_points(flax_constraint: Callable[..., Any]) -> Callable[..., Any]:
+    """Flax's `with_logical_constraint`, its unpinned calls made points while a
+    search traces (`activations.placing()`)."""
+    from flax.core.spmd import get_logical_axis_rules
+
+    def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: Any = None,
+                                mesh: Any = None, **fallback: Any) -> Any:
+        if (not activations.placing() or logical_axis_resources is None or rules is not None
+                or mesh is not None or get_logical_axis_rules()):
+            return flax_constraint(x, logical_axis_resources, rules=rules, mesh=mesh, **fallback)
+        return jax.tree.map(_point, logical_axis_resources, x, is_leaf=_is_names)
+
+    with_logical_constraint.__doc__ = flax_constraint.__doc__
+    with_logical_constraint.__wrapped__ = flax_constraint  # type: ignore[attr-defined]
+    with_logical_constraint.shardsearch_points = True  # type: ignore[attr-defined]
+    return with_logical_constraint
+
+
+def _is_names(spec: Any) -> bool:
+    return spec is None or (isinstance(spec, tuple | P) and all(
+        n is None or n is P.UNCONSTRAINED or isinstance(n, str) for n in spec))
+
+
+def _point(names: Any, x: Any) -> Any:
+    """`x` as the point Flax's logical names make of it (UNCONSTRAINED and
+    missing trailing dims: no name)."""
+    if names is None:
+        return x
+    entries = [None if n is P.UNCONSTRAINED else n for n in names]
+    if len(entries) > x.ndim:
+        raise ValueError(f"nn.with_logical_constraint: names {tuple(names)!r} are more than "
+                         f"the {x.ndim} dims of the value (shape {tuple(x.shape)}); give one "
+                         "name (or None) per dim")
+    return activations.activation(x, (*entries, *[None] * (x.ndim - len(entries))))

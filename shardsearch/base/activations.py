@@ -139,6 +139,13 @@ def activation_rules(rules: Mapping[str, Entry], axes: Sequence[tuple[str, int]]
         _RULES.reset(token)
 
 
+def placing() -> bool:
+    """Whether a point traced now is placed or recorded: rules are active, or
+    `points` is tracing. Outside both `activation` traces nothing, so a
+    framework's own constraint can stand (`shardsearch.flax.constraint_points`)."""
+    return _RULES.get() is not None or _SEEN.get() is not None
+
+
 def points(step: Callable[..., Any], abstract_args: Sequence[Any]) -> dict[str, tuple[int, ...]]:
     """The names of the points `step` passes through, each with the sizes of
     its dims (sorted), in the order first met: one trace, no rules active."""

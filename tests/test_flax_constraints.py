@@ -1,0 +1,180 @@
+"""Flax's `nn.with_logical_constraint` names are the search's activation points
+(issue 26 item 2): `shardsearch.flax.constraint_points` makes the model's
+unpinned calls `shardsearch.activation` points while a search traces, and
+leaves Flax's own function to run everywhere else."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardsearch as ss
+from shardsearch.base import activations as acts
+from shardsearch.search import make_context
+
+if os.environ.get("CI") == "true":
+    import flax.linen as nn  # under CI the flax extra is installed: a missing one fails
+    import optax
+    from flax import nnx
+else:
+    pytest.importorskip("flax")
+    optax = pytest.importorskip("optax")
+    import flax.linen as nn
+    from flax import nnx
+
+from shardsearch import flax as ssf
+
+AXES = (("dp", 2), ("tp", 4))
+UNCONSTRAINED = P.UNCONSTRAINED
+
+
+@pytest.fixture(autouse=True)
+def flaxs_own_function(monkeypatch):
+    """Each test starts with Flax's function in place, as a fresh process has it,
+    so that what installs the points is the code under test."""
+    fn = nn.with_logical_constraint
+    monkeypatch.setattr(nn, "with_logical_constraint", getattr(fn, "__wrapped__", fn))
+
+
+class Block(nnx.Module):
+    """An NNX MLP naming its activations as MaxText does, through Linen's
+    `nn.with_logical_constraint` (names discovery never invents)."""
+
+    def __init__(self, rngs):
+        self.wi = nnx.Linear(16, 32, use_bias=False, rngs=rngs)
+        self.wo = nnx.Linear(32, 16, use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        x = nn.with_logical_constraint(x, ("activation_batch", "activation_embed"))
+        h = nn.with_logical_constraint(jax.nn.gelu(self.wi(x)),
+                                       ("activation_batch", "activation_mlp"))
+        return self.wo(h)
+
+
+def _loss(model, x):
+    return jnp.mean(model(x) ** 2)
+
+
+def _step_and_args():
+    model = Block(nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((8, 16)), jnp.float32)
+    return ssf.train_step(model, optax.adamw(1e-2), _loss, x)
+
+
+def _constraints(fn, *args):
+    """The specs of the sharding constraints `fn` traces (nested jaxprs too)."""
+    found = []
+
+    def walk(jx):
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "sharding_constraint":
+                found.append(tuple(eqn.params["sharding"].spec))
+            for value in eqn.params.values():
+                for item in value if isinstance(value, tuple | list) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def test_points_are_the_models_names_with_their_sizes():
+    step, args = _step_and_args()
+    assert acts.points(step, args) == {"activation_batch": (8,), "activation_embed": (16,),
+                                       "activation_mlp": (32,)}
+
+
+def test_the_searchs_rules_place_them_and_outside_a_search_flax_runs():
+    step, args = _step_and_args()
+    # Outside a search: Flax's function, a no-op without Flax's rules.
+    assert _constraints(step, *args) == []
+    with acts.activation_rules({"activation_mlp": "tp", "activation_batch": "dp"}, AXES):
+        specs = _constraints(lambda *a: step(*a), *args)
+    # Forward: x and h; the backward pass carries the same constraints on the cotangents.
+    assert ("dp", "tp") in specs and ("dp", UNCONSTRAINED) in specs
+    assert set(specs) == {("dp", "tp"), ("dp", UNCONSTRAINED)}
+
+
+def test_a_pinned_call_is_flaxs_own(mesh24):
+    """Flax's rules active, or `rules=`/`mesh=` passed: the user pinned it, and
+    Flax resolves it as it would without shardsearch, inside a search too."""
+    ssf.constraint_points()
+    x = jax.ShapeDtypeStruct((8, 32), jnp.float32)
+    pairs = [("activation_batch", "dp"), ("activation_mlp", "tp")]
+
+    def pinned(v):
+        return nn.with_logical_constraint(v, ("activation_batch", "activation_mlp"),
+                                          rules=pairs, mesh=mesh24)
+
+    flaxs = nn.with_logical_constraint.__wrapped__
+    want = _constraints(lambda v: flaxs(v, ("activation_batch", "activation_mlp"),
+                                        rules=pairs, mesh=mesh24), x)
+    assert want == [("dp", "tp")]
+    with acts.activation_rules({"activation_mlp": "dp"}, AXES):
+        assert _constraints(lambda v: pinned(v), x) == want
+    seen = acts.points(pinned, (x,))
+    assert seen == {}  # a pinned call is not a point the search could move
+
+    def in_rules(v):
+        with nn.logical_axis_rules(pairs):
+            return nn.with_logical_constraint(v, ("activation_batch", "activation_mlp"))
+
+    assert acts.points(in_rules, (x,)) == {}
+
+
+def test_specs_shorter_than_the_value_name_its_leading_dims_and_longer_ones_are_refused():
+    ssf.constraint_points()
+    x = jax.ShapeDtypeStruct((8, 4, 32), jnp.float32)
+    with acts.activation_rules({"activation_batch": "dp"}, AXES):
+        specs = _constraints(lambda v: nn.with_logical_constraint(
+            v, P("activation_batch", UNCONSTRAINED)), x)
+    assert specs == [("dp", UNCONSTRAINED, UNCONSTRAINED)]
+    with pytest.raises(ValueError, match=r"nn.with_logical_constraint: names .* more than the "
+                                         r"3 dims .*shape \(8, 4, 32\)"), \
+            acts.activation_rules({"activation_batch": "dp"}, AXES):
+        jax.make_jaxpr(lambda v: nn.with_logical_constraint(v, ("a", "b", "c", "d")))(x)
+
+
+def test_a_tree_of_values_takes_a_tree_of_names():
+    ssf.constraint_points()
+    tree = {"q": jax.ShapeDtypeStruct((8, 16), jnp.float32),
+            "k": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
+    names = {"q": ("activation_batch", "activation_heads"), "k": None}
+    seen = acts.points(lambda t: nn.with_logical_constraint(t, names), (tree,))
+    assert seen == {"activation_batch": (8,), "activation_heads": (16,)}
+
+
+def test_knobs_are_offered_for_the_models_names(mesh24):
+    step, args = _step_and_args()
+    ctx, _ = make_context(step, args, mesh24, knobs=True)
+    declared = ctx.knobs.describe()
+    assert set(declared) == {"act_activation_batch", "act_activation_embed",
+                             "act_activation_mlp"}
+    assert declared["act_activation_mlp"] == ["auto", "-", "dp", "tp", "dp,tp", "tp,dp"]
+
+
+def test_a_flax_step_is_searched_with_its_names_and_rebuilt_from_its_plan(mesh24, tmp_path):
+    step, args = _step_and_args()
+    result = ss.optimize(step, args, mesh=mesh24, knobs=True, n_trials=8, quiet=True,
+                         storage=f"sqlite:///{tmp_path / 's.db'}", warmup=1, repeats=2,
+                         confirm_rounds=0, isolate=False, seed=0)
+    names = {"act_activation_batch", "act_activation_embed", "act_activation_mlp"}
+    assert set(result.best_knobs) == names
+    placed_trials = [r for r in result.trials
+                     if any(n in names and v != "auto" for n, v in r.knobs)]
+    assert placed_trials, "no trial placed one of the model's activations"
+    path = ss.write_config(ss.export_config(result), tmp_path / "plan.json")
+    assert set(json.loads(path.read_text())["knobs"]) == names
+    plan = ss.load_plan(path)
+    chosen = {n: v for n, v in plan.knobs.items() if v != "auto"}
+    built = plan.build_step(step)
+    assert bool(_constraints(built, *args)) == bool(chosen)
+    got = jax.jit(built)(*args)[1]["loss"]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(step(*args)[1]["loss"]), rtol=1e-5)
