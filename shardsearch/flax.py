@@ -23,7 +23,10 @@ sharding points of the search (`shardsearch.activation`) once
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -104,6 +107,25 @@ def place(tree: Any, specs: Any, mesh: Mesh) -> Any:
     return jax.device_put(tree, shardings(specs, mesh))
 
 
+def rules_from_file(path: str | os.PathLike[str]) -> list[tuple[str, Any]]:
+    """A flax-rules file (`shardsearch export --format flax-rules`) as the
+    pairs Flax takes: its `rules` (a list of mesh axes as a tuple), then
+    `(name, PartitionSpec.UNCONSTRAINED)` for each name under `unconstrained`
+    (activations the search left to XLA, which Flax would otherwise keep
+    whole). Give them to `nn.logical_axis_rules(...)` around the step and to
+    `nn.logical_to_mesh_sharding(...)` for its arguments.
+
+    Raises:
+      ValueError: the file is not a flax-rules file.
+    """
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != "flax-rules":
+        raise ValueError(f"{path}: not a flax-rules file (write one with shardsearch export "
+                         "--format flax-rules)")
+    return [*((n, tuple(e) if isinstance(e, list) else e) for n, e in data["rules"]),
+            *((n, P.UNCONSTRAINED) for n in data.get("unconstrained", ()))]
+
+
 def constraint_points(step: Callable[..., Any] | None = None) -> Any:
     """Makes the model's `nn.with_logical_constraint` names sharding points.
 
@@ -138,6 +160,7 @@ def constraint_points(step: Callable[..., Any] | None = None) -> Any:
 
     if not getattr(nn.with_logical_constraint, "shardsearch_points", False):
         nn.with_logical_constraint = _as_points(nn.with_logical_constraint)
+    activations.whole_points_made()
     return step
 
 
@@ -165,13 +188,14 @@ def _is_names(spec: Any) -> bool:
 
 
 def _point(names: Any, x: Any) -> Any:
-    """`x` as the point Flax's logical names make of it (UNCONSTRAINED and
-    missing trailing dims: no name)."""
+    """`x` as the point Flax's logical names make of it: a dim named None (or
+    past the names) is kept whole, as Flax's rules keep it; one marked
+    `P.UNCONSTRAINED` is left to XLA."""
     if names is None:
         return x
-    entries = [None if n is P.UNCONSTRAINED else n for n in names]
-    if len(entries) > x.ndim:
+    if len(names) > x.ndim:
         raise ValueError(f"nn.with_logical_constraint: names {tuple(names)!r} are more than "
                          f"the {x.ndim} dims of the value (shape {tuple(x.shape)}); give one "
                          "name (or None) per dim")
-    return activations.activation(x, (*entries, *[None] * (x.ndim - len(entries))))
+    return activations.activation(x, (*names, *[None] * (x.ndim - len(names))),
+                                  unnamed_whole=True)

@@ -129,13 +129,14 @@ def test_a_pinned_call_is_flaxs_own(mesh24):
     assert acts.points(in_rules, (x,)) == {}
 
 
-def test_specs_shorter_than_the_value_name_its_leading_dims_and_longer_ones_are_refused():
+def test_unnamed_dims_are_whole_as_flax_keeps_them_and_too_many_names_are_refused():
     ssf.constraint_points()
     x = jax.ShapeDtypeStruct((8, 4, 32), jnp.float32)
     with acts.activation_rules({"activation_batch": "dp"}, AXES):
         specs = _constraints(lambda v: nn.with_logical_constraint(
             v, P("activation_batch", UNCONSTRAINED)), x)
-    assert specs == [("dp", UNCONSTRAINED, UNCONSTRAINED)]
+    # Past the names, a dim is kept whole, as Flax's rules keep it; UNCONSTRAINED is XLA's.
+    assert specs == [("dp", UNCONSTRAINED, None)]
     with pytest.raises(ValueError, match=r"nn.with_logical_constraint: names .* more than the "
                                          r"3 dims .*shape \(8, 4, 32\)"), \
             acts.activation_rules({"activation_batch": "dp"}, AXES):
@@ -178,3 +179,128 @@ def test_a_flax_step_is_searched_with_its_names_and_rebuilt_from_its_plan(mesh24
     assert bool(_constraints(built, *args)) == bool(chosen)
     got = jax.jit(built)(*args)[1]["loss"]
     np.testing.assert_allclose(np.asarray(got), np.asarray(step(*args)[1]["loss"]), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- back through Flax's rules
+
+
+class Sequence3(nnx.Module):
+    """Activations `(batch, length, ...)` named as MaxText names them; two of a
+    point's dims can ask for one mesh axis (length and mlp on tp)."""
+
+    def __init__(self, rngs, names_on_params=False, unnamed=False):
+        self.unnamed = unnamed  # a dim named None: whole under Flax's rules
+        init = nnx.initializers.lecun_normal()
+        if names_on_params:  # the kernel says "activation_mlp" too
+            init = nnx.with_partitioning(init, ("activation_embed", "activation_mlp"))
+        self.wi = nnx.Linear(16, 32, use_bias=False, kernel_init=init, rngs=rngs)
+        self.wo = nnx.Linear(32, 16, use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        x = nn.with_logical_constraint(
+            x, ("activation_batch", "activation_length", "activation_embed"))
+        h = nn.with_logical_constraint(jax.nn.gelu(self.wi(x)),
+                                       ("activation_batch", "activation_length", "activation_mlp"))
+        h = nn.with_logical_constraint(h, ("activation_batch", P.UNCONSTRAINED, None)
+                                       if self.unnamed else
+                                       ("activation_batch", "activation_length", P.UNCONSTRAINED))
+        return self.wo(h)
+
+
+def _sequence_step(names_on_params=False, unnamed=False):
+    import flax
+
+    flax.config.update("flax_always_shard_variable", False)
+    model = Sequence3(nnx.Rngs(0), names_on_params, unnamed)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((8, 4, 16)), jnp.float32)
+    return ssf.train_step(model, optax.sgd(1e-2), _loss, x)
+
+
+def _flax_file(step, args, mesh, placed, tmp_path, assignment=None):
+    """A logical plan of `step` (every discovered axis whole but batch on dp,
+    unless `assignment`), with the activation knobs `placed` and the step's
+    Flax constraints, as export_config records them; written as flax-rules."""
+    from shardsearch.search import plan_config
+    from shardsearch.search.space.logical import split_rules
+
+    axes = ss.discover_logical_axes(step, args)
+    assignment = assignment or {a.name: ("dp" if a.name == "batch" else None) for a in axes.axes}
+    state_rule, batch_rule = split_rules(mesh, axes, assignment)
+    config = plan_config(state_rule, batch_rule, mesh, args=args)
+    _, named = acts.trace_points(step, args)
+    config["flax_points"] = [[acts.name_to_json(n) for n in names]
+                             for names, whole in named.items() if whole]
+    config["knobs"] = {f"act_{n}": v for n, v in placed.items()}
+    return ss.write_config(config, tmp_path / "rules.json", format="flax-rules")
+
+
+def _placed_specs(specs):
+    """Constraint specs that constrain something, canonical (a constraint
+    leaving every dim to XLA is no constraint)."""
+    from shardsearch.base.spec import canonical
+
+    return [canonical(P(*s)) for s in specs if any(e is not UNCONSTRAINED for e in s)]
+
+
+@pytest.mark.parametrize("placed", [
+    {"activation_length": "tp", "activation_mlp": "tp", "activation_batch": "dp"},
+    {"activation_embed": "tp", "activation_length": "-"},
+    {},
+], ids=["sequence-parallel", "embed-on-tp", "all-to-xla"])
+def test_flaxs_own_rules_place_the_constraints_as_the_search_traced_them(
+        mesh24, tmp_path, placed):
+    step, args = _sequence_step()
+    path = _flax_file(step, args, mesh24, placed, tmp_path)
+    rules = ssf.rules_from_file(path)
+    # The search's program: the knobs' rules on the step.
+    rules_of = acts.split_setting(tuple((f"act_{n}", v) for n, v in placed.items()))[1]
+    ours = _constraints(acts.under_rules(step, rules_of, AXES), *args)
+    # The user's program: Flax's function under the exported rules and a mesh.
+    with jax.set_mesh(mesh24), nn.logical_axis_rules(rules):
+        theirs = _constraints(lambda *a: step(*a), *args)
+    assert len(theirs) == 5  # three constraints, two on the cotangents (x has none)
+    assert _placed_specs(theirs) == _placed_specs(ours)
+    if placed.get("activation_mlp") == "tp":
+        # mlp keeps tp at the hidden state, so length (an earlier dim) is XLA's there.
+        assert P("dp", UNCONSTRAINED, "tp") in _placed_specs(ours)
+
+
+def test_a_name_on_parameters_and_activations_that_flax_would_place_alike_is_refused(
+        mesh24, tmp_path):
+    step, args = _sequence_step(names_on_params=True)
+    axes = ss.discover_logical_axes(step, args)
+    assignment = {a.name: ("tp" if a.name == "activation_mlp" else None) for a in axes.axes}
+    from shardsearch.rules.logical import FlaxRulesMismatch
+
+    with pytest.raises(FlaxRulesMismatch, match=r"'activation_mlp' also names parameters"):
+        _flax_file(step, args, mesh24, {"activation_batch": "dp"}, tmp_path, assignment)
+    # Where the knobs place them as the parameters' pairs do, Flax agrees.
+    path = _flax_file(step, args, mesh24, {"activation_mlp": "tp", "activation_embed": "-"},
+                      tmp_path, assignment)
+    assert ("activation_mlp", "tp") in ssf.rules_from_file(path)
+
+
+def test_a_dim_named_none_in_a_point_the_search_left_alone_is_refused(mesh24, tmp_path):
+    """Flax keeps it whole, the search left the whole point to XLA."""
+    from shardsearch.rules.logical import FlaxRulesMismatch
+
+    step, args = _sequence_step(unnamed=True)
+    with pytest.raises(FlaxRulesMismatch, match=r"point \('activation_batch', UNCONSTRAINED, "
+                                                r"None\).*Flax keeps a dim named None whole"):
+        _flax_file(step, args, mesh24, {"activation_mlp": "tp"}, tmp_path)
+    # Placed through its batch, the point is constrained in the search too: agreed.
+    _flax_file(step, args, mesh24, {"activation_batch": "dp"}, tmp_path)
+
+
+def test_export_config_records_the_steps_flax_constraints(mesh24, tmp_path):
+    step, args = _sequence_step()
+    result = ss.optimize(step, args, mesh=mesh24, knobs=("act_activation_length",), n_trials=3,
+                         quiet=True, storage=f"sqlite:///{tmp_path / 's.db'}", warmup=1,
+                         repeats=1, confirm_rounds=0, isolate=False, seed=0, space="logical")
+    config = ss.export_config(result)
+    assert config["flax_points"] == [
+        ["activation_batch", "activation_length", "activation_embed"],
+        ["activation_batch", "activation_length", "activation_mlp"],
+        ["activation_batch", "activation_length", "UNCONSTRAINED"]]
+    with pytest.raises(ValueError, match="not a flax-rules file"):
+        ssf.rules_from_file(ss.write_config(config, tmp_path / "plan.json"))

@@ -7,6 +7,7 @@ import os
 
 import jax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
 from shardsearch.base.spec import canonical
@@ -70,7 +71,11 @@ def test_flax_resolve_is_flaxs_resolution():
     cases = [(("embed", "mlp"), [("mlp", "tp"), ("embed", "tp")]),
              (("embed", "mlp"), [("embed", "tp"), ("mlp", "tp")]),
              (("batch", None, "heads"), [("batch", ("dp", "tp")), ("heads", "tp")]),
-             (("a", "b"), [("a", None), ("b", "dp"), ("a", "dp")])]
+             (("a", "b"), [("a", None), ("b", "dp"), ("a", "dp")]),
+             # A constraint's names: UNCONSTRAINED as a name and as a pair's axes.
+             (("batch", P.UNCONSTRAINED, "mlp"), [("batch", "dp"), ("mlp", P.UNCONSTRAINED)]),
+             (("seq", "heads", None), [("heads", "tp"), ("seq", "tp"),
+                                       ("seq", P.UNCONSTRAINED), ("heads", P.UNCONSTRAINED)])]
     for names, pairs in cases:
         assert flax_resolve(names, pairs) == canonical(nn.logical_to_mesh_axes(names, pairs))
 

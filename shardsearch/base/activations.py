@@ -57,16 +57,30 @@ class _Active:
 
 _RULES: contextvars.ContextVar[_Active | None] = contextvars.ContextVar(
     "shardsearch_activation_rules", default=None)
-_SEEN: contextvars.ContextVar[dict[str, set[int]] | None] = contextvars.ContextVar(
+
+
+@dataclasses.dataclass
+class _Seen:
+    sizes: dict[str, set[int]]
+    # Each point's names, in order first met, and whether its unnamed dims are whole.
+    named: dict[tuple[str | None, ...], bool]
+
+
+_SEEN: contextvars.ContextVar[_Seen | None] = contextvars.ContextVar(
     "shardsearch_activation_points", default=None)
 
 
-def activation(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+def activation(x: jax.Array, names: Sequence[str | None], *,
+               unnamed_whole: bool = False) -> jax.Array:
     """`x`, constrained as the active rules place `names` (one per dim).
 
     Args:
       x: an intermediate value of the step.
-      names: a logical name per dim of `x` (None: a dim no rule places).
+      names: a logical name per dim of `x` (None: a dim no rule places;
+        `P.UNCONSTRAINED`: one left to XLA whatever the rules).
+      unnamed_whole: the dims named None are kept whole when the point is
+        constrained, rather than left to XLA (what a Flax logical
+        constraint's None means; `shardsearch.flax.constraint_points`).
 
     Returns:
       `x` itself when no rule names any of its dims, else `x` under a
@@ -82,29 +96,43 @@ def activation(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
       ValueError: `names` does not have one entry per dim.
     """
     names = tuple(names)
-    if len(names) != x.ndim or not all(n is None or isinstance(n, str) for n in names):
+    if len(names) != x.ndim or not all(
+            n is None or n is P.UNCONSTRAINED or isinstance(n, str) for n in names):
         raise ValueError(f"activation: names={names!r} must give one name (or None) per dim "
                          f"of the value, shape {tuple(x.shape)}")
     seen = _SEEN.get()
     if seen is not None:
+        seen.named[names] = seen.named.get(names, False) or unnamed_whole
         for name, size in zip(names, x.shape, strict=True):
-            if name is not None:
-                seen.setdefault(name, set()).add(int(size))
+            if isinstance(name, str):
+                seen.sizes.setdefault(name, set()).add(int(size))
     active = _RULES.get()
-    if active is None or not any(n in active.rules for n in names):
+    if active is None or not any(isinstance(n, str) and n in active.rules for n in names):
         return x
+    mesh = AbstractMesh(tuple(s for _, s in active.axes), tuple(a for a, _ in active.axes))
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, placement(names, active.rules, unnamed_whole=unnamed_whole)))
+
+
+def placement(names: Sequence[str | None], rules: Mapping[str, Entry], *,
+              unnamed_whole: bool = False) -> P:
+    """The spec a point named `names` gets under `rules`: a ruled name's mesh
+    axes, `P.UNCONSTRAINED` elsewhere (a dim named None: None when
+    `unnamed_whole`); where two dims ask for one mesh axis the later dim
+    keeps it and the earlier one is unconstrained."""
     entries: list[Any] = []
     taken: set[str] = set()
-    for name in reversed(names):  # a later dim keeps a mesh axis two dims ask for
-        entry = active.rules.get(name, P.UNCONSTRAINED) if name is not None else P.UNCONSTRAINED
+    unnamed = None if unnamed_whole else P.UNCONSTRAINED
+    for name in reversed(tuple(names)):  # a later dim keeps a mesh axis two dims ask for
+        entry = (rules.get(name, P.UNCONSTRAINED) if isinstance(name, str)
+                 else unnamed if name is None else P.UNCONSTRAINED)
         axes = () if entry is P.UNCONSTRAINED or entry is None else (
-            (entry,) if isinstance(entry, str) else entry)
+            (entry,) if isinstance(entry, str) else tuple(entry))
         if taken & set(axes):
             entry, axes = P.UNCONSTRAINED, ()
         taken |= set(axes)
         entries.insert(0, entry)
-    mesh = AbstractMesh(tuple(s for _, s in active.axes), tuple(a for a, _ in active.axes))
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*entries)))
+    return P(*entries)
 
 
 @contextlib.contextmanager
@@ -139,6 +167,21 @@ def activation_rules(rules: Mapping[str, Entry], axes: Sequence[tuple[str, int]]
         _RULES.reset(token)
 
 
+_WHOLE_POINTS = [False]  # whether anything in this process makes points with whole dims
+
+
+def whole_points_made() -> None:
+    """Notes that this process's steps may have points whose unnamed dims are
+    whole (Flax's constraints, once `shardsearch.flax.constraint_points` ran):
+    a plan's export then traces the step for them (`trace_points`)."""
+    _WHOLE_POINTS[0] = True
+
+
+def whole_points_possible() -> bool:
+    """Whether `whole_points_made` was called in this process."""
+    return _WHOLE_POINTS[0]
+
+
 def placing() -> bool:
     """Whether a point traced now is placed or recorded: rules are active, or
     `points` is tracing. Outside both `activation` traces nothing, so a
@@ -149,7 +192,15 @@ def placing() -> bool:
 def points(step: Callable[..., Any], abstract_args: Sequence[Any]) -> dict[str, tuple[int, ...]]:
     """The names of the points `step` passes through, each with the sizes of
     its dims (sorted), in the order first met: one trace, no rules active."""
-    seen: dict[str, set[int]] = {}
+    return trace_points(step, abstract_args)[0]
+
+
+def trace_points(step: Callable[..., Any], abstract_args: Sequence[Any]
+                 ) -> tuple[dict[str, tuple[int, ...]], dict[tuple[str | None, ...], bool]]:
+    """`points`, and each distinct point's names (one entry per dim) in the
+    order first met, with whether its unnamed dims are kept whole (a Flax
+    constraint, which a Flax export resolves the rules on)."""
+    seen = _Seen({}, {})
     token = _SEEN.set(seen)
     outer = _RULES.set(None)
     try:
@@ -158,7 +209,18 @@ def points(step: Callable[..., Any], abstract_args: Sequence[Any]) -> dict[str, 
     finally:
         _RULES.reset(outer)
         _SEEN.reset(token)
-    return {name: tuple(sorted(sizes)) for name, sizes in seen.items()}
+    return ({name: tuple(sorted(sizes)) for name, sizes in seen.sizes.items()},
+            dict(seen.named))
+
+
+def name_to_json(name: Any) -> str | None:
+    """A point's dim name as JSON: the name, None, or `"UNCONSTRAINED"`."""
+    return "UNCONSTRAINED" if name is P.UNCONSTRAINED else name
+
+
+def name_from_json(name: str | None) -> Any:
+    """`name_to_json`'s inverse."""
+    return P.UNCONSTRAINED if name == "UNCONSTRAINED" else name
 
 
 def parse_value(value: str) -> Entry:

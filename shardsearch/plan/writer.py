@@ -149,13 +149,26 @@ def flax_rules_config(config: Mapping[str, Any]) -> dict[str, Any]:
     `rules` ordered (and nulled where no leaf is split) so that Flax's
     `nn.logical_to_mesh_axes(names, rules)` gives each leaf of the rules'
     tables, and each leaf the plan recorded (its `workload` specs), the spec
-    the search measured (`rules.logical.flax_pairs`).
+    the search measured (`rules.logical.flax_pairs`). Where the plan records
+    the step's Flax constraints (`flax_points`: its `nn.with_logical_constraint`
+    calls, which Flax places with the same rules), pairs for their names
+    follow (`rules.logical.flax_activation_pairs`) and `unconstrained` lists
+    the names to pair with `PartitionSpec.UNCONSTRAINED`
+    (`shardsearch.flax.rules_from_file` adds them).
 
     Raises:
       ValueError: the state rule is not logical; `FlaxRulesMismatch` (a
-        ValueError) naming each leaf no order of the pairs gets right.
+        ValueError) naming each leaf (or Flax constraint) no order of the
+        pairs gets right.
     """
-    from ..rules.logical import FlaxRulesMismatch, flax_resolve, flax_rules_json
+    from ..base.activations import name_from_json, split_setting
+    from ..rules.logical import (
+        FlaxRulesMismatch,
+        entry_to_json,
+        flax_activation_pairs,
+        flax_resolve,
+        flax_rules_json,
+    )
 
     data = logical_axis_rules_config(config, convert=flax_rules_json)
     resolved = config.get("workload")
@@ -189,6 +202,16 @@ def flax_rules_config(config: Mapping[str, Any]) -> dict[str, Any]:
             raise FlaxRulesMismatch(
                 f"Flax's resolution of the exported rules differs from the measured specs on "
                 f"{len(differ)} leaves: {'; '.join(differ[:5])}")
+    points = config.get("flax_points")
+    if points:
+        # The step's own nn.with_logical_constraint calls: Flax places them with
+        # these rules too, so the rules must place them as the search traced them.
+        placed = split_setting(tuple((config.get("knobs") or {}).items()))[1]
+        pairs = [(n, tuple(e) if isinstance(e, list) else e) for n, e in data["rules"]]
+        extra, loose = flax_activation_pairs(
+            [tuple(name_from_json(n) for n in names) for names in points], placed, pairs)
+        data["rules"] = [*data["rules"], *([n, entry_to_json(e)] for n, e in extra)]
+        data["unconstrained"] = loose
     return data
 
 

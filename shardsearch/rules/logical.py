@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
+from ..base.activations import placement
 from ..base.warnings import ShardsearchWarning, note
 from ..logical.axes import LeafAxes, LogicalAxes, LogicalAxis
 from .axes import AxisEntry
@@ -659,12 +660,13 @@ def flax_resolve(names: Sequence[str | None], pairs: Sequence[tuple[str, Any]]) 
     Raises:
       ValueError: a name on two dims (Flax refuses it too).
     """
-    twice = [n for i, n in enumerate(names) if n is not None and n in names[:i]]
+    twice = [n for i, n in enumerate(names) if isinstance(n, str) and n in names[:i]]
     if twice:
         raise ValueError(f"logical name {twice[0]!r} is on two dims of {tuple(names)}; Flax "
                          "refuses that")
     unassigned = object()
-    result: list[Any] = [unassigned if isinstance(n, str) else None for n in names]
+    # A dim given no name stays as given (None, or P.UNCONSTRAINED), as in Flax.
+    result: list[Any] = [unassigned if isinstance(n, str) else n for n in names]
     for name, entry in pairs:
         if name not in names:
             continue
@@ -758,6 +760,84 @@ def flax_pairs(rules: Sequence[LogicalAxisRule]) -> list[tuple[str, AxisEntry | 
             f"{len(problems)} leaves: {shown}{more}; use --format logical-axis-rules (read "
             "with shardsearch.load_rule) or the plan file for these")
     return pairs
+
+
+def flax_activation_pairs(points: Sequence[Sequence[Any]], placed: Mapping[str, AxisEntry | None],
+                          pairs: Sequence[tuple[str, Any]]
+                          ) -> tuple[list[tuple[str, AxisEntry | None]], list[str]]:
+    """Pairs that make Flax's `nn.with_logical_constraint` place a step's
+    activations as the search placed them, after `pairs` (the parameters').
+
+    Under a search a Flax constraint is a point (`base.activations.placement`,
+    `unnamed_whole`): a placed name gets its mesh axes, where two of a point's
+    dims ask for one mesh axis the later dim keeps it, and every other named
+    dim is left to XLA. Flax instead goes by the order of its pairs and keeps
+    a dim whole when no pair places it (a point none of whose names is placed
+    is not constrained by the search, so Flax must leave all its dims to XLA).
+    So the placed names come first, a
+    name ordered before the names of earlier dims it shares mesh axes with,
+    and then every activation name once more as `(name, P.UNCONSTRAINED)`.
+    Each point is then checked through `flax_resolve`.
+
+    Args:
+      points: each Flax constraint's names, one per dim (None: kept whole;
+        `P.UNCONSTRAINED`: XLA's), as `activations.trace_points` finds them.
+      placed: the search's activation rules, name -> mesh axes (None: whole);
+        a name not in it was left to XLA.
+      pairs: the parameters' pairs, which come first (a name that is on
+        parameters too takes their pair in Flax).
+
+    Returns:
+      `(the placed names' pairs, the names to add as (name, P.UNCONSTRAINED))`.
+
+    Raises:
+      FlaxRulesMismatch: each point Flax would place otherwise, with both specs.
+    """
+    on_params = {n for n, _ in pairs}
+    order = list(dict.fromkeys(n for names in points for n in names
+                               if isinstance(n, str) and n not in on_params))
+    before: dict[str, dict[str, None]] = {n: {} for n in order}
+    for names in points:
+        for i, name in enumerate(names):
+            if name not in placed or name not in before:
+                continue
+            mine = set(_spec.entry_axes(placed[name]))
+            for later in names[i + 1:]:  # a later dim's name goes first where axes meet
+                if later in placed and later in before and mine & set(
+                        _spec.entry_axes(placed[later])):
+                    before[name][later] = None
+    extra = [(n, placed[n]) for n in _precedence(order, before) if n in placed]
+    loose = list(order)
+    resolved = [*pairs, *extra, *((n, P.UNCONSTRAINED) for n in loose)]
+    problems = []
+    for names in points:
+        # A point no rule names is not constrained at all: every dim XLA's.
+        want = _spec.canonical(placement(names, placed, unnamed_whole=True) if any(
+            isinstance(n, str) and n in placed for n in names) else P(*[P.UNCONSTRAINED] * len(
+                names)))
+        try:
+            got = flax_resolve(tuple(names), resolved)
+        except ValueError as err:
+            problems.append(str(err))
+            continue
+        if got != want:
+            shared = [n for n in names if n in on_params]
+            why = (f" ({', '.join(map(repr, shared))} also names parameters, whose pair Flax "
+                   "gives it)" if shared else "")
+            whole = (" (Flax keeps a dim named None whole, where the search placed none of "
+                     "the point's names and left it to XLA: name it, or give it "
+                     "PartitionSpec.UNCONSTRAINED)" if None in names and not why else "")
+            problems.append(f"point {tuple(names)}: Flax gives {got}, the search traced "
+                            f"{want}{why}{whole}")
+    if problems:
+        shown = "; ".join(problems[:5])
+        more = f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise FlaxRulesMismatch(
+            f"Flax's logical_axis_rules cannot place the step's activations as the search "
+            f"traced them at {len(problems)} nn.with_logical_constraint points: {shown}{more}; "
+            "give activations names of their own (MaxText's activation_batch, ...), or "
+            "export another trial, or use the plan file with plan.build_step")
+    return extra, loose
 
 
 def _precedence(order: Sequence[str], before: Mapping[str, Mapping[str, None]]) -> list[str]:
