@@ -160,7 +160,6 @@ def constraint_points(step: Callable[..., Any] | None = None) -> Any:
 
     if not getattr(nn.with_logical_constraint, "shardsearch_points", False):
         nn.with_logical_constraint = _as_points(nn.with_logical_constraint)
-    activations.whole_points_made()
     return step
 
 

@@ -292,7 +292,7 @@ def test_a_dim_named_none_in_a_point_the_search_left_alone_is_refused(mesh24, tm
     _flax_file(step, args, mesh24, {"activation_batch": "dp"}, tmp_path)
 
 
-def test_export_config_records_the_steps_flax_constraints(mesh24, tmp_path):
+def test_the_study_records_the_steps_flax_constraints_for_export(mesh24, tmp_path):
     step, args = _sequence_step()
     result = ss.optimize(step, args, mesh=mesh24, knobs=("act_activation_length",), n_trials=3,
                          quiet=True, storage=f"sqlite:///{tmp_path / 's.db'}", warmup=1,
@@ -302,5 +302,7 @@ def test_export_config_records_the_steps_flax_constraints(mesh24, tmp_path):
         ["activation_batch", "activation_length", "activation_embed"],
         ["activation_batch", "activation_length", "activation_mlp"],
         ["activation_batch", "activation_length", "UNCONSTRAINED"]]
+    # Recorded in the study: a stored study exports them too, without the step.
+    assert ss.export_config(result.study, args=args)["flax_points"] == config["flax_points"]
     with pytest.raises(ValueError, match="not a flax-rules file"):
         ssf.rules_from_file(ss.write_config(config, tmp_path / "plan.json"))

@@ -167,21 +167,6 @@ def activation_rules(rules: Mapping[str, Entry], axes: Sequence[tuple[str, int]]
         _RULES.reset(token)
 
 
-_WHOLE_POINTS = [False]  # whether anything in this process makes points with whole dims
-
-
-def whole_points_made() -> None:
-    """Notes that this process's steps may have points whose unnamed dims are
-    whole (Flax's constraints, once `shardsearch.flax.constraint_points` ran):
-    a plan's export then traces the step for them (`trace_points`)."""
-    _WHOLE_POINTS[0] = True
-
-
-def whole_points_possible() -> bool:
-    """Whether `whole_points_made` was called in this process."""
-    return _WHOLE_POINTS[0]
-
-
 def placing() -> bool:
     """Whether a point traced now is placed or recorded: rules are active, or
     `points` is tracing. Outside both `activation` traces nothing, so a

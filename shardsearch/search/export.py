@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from ..base import activations as _activations
 from ..base import mesh as _mesh
 from ..plan.writer import plan_config, versions
 from ..rules.base import rule_from_config
@@ -111,7 +110,7 @@ def export_config(
         # A result of a raw step carries the arguments it searched on.
         args = setup.context.abstract_args
     config = plan_config(state_rule, batch_rule, mesh, args=args, workload=workload)
-    points = _flax_points(setup, workload)
+    points = attrs.get(_attrs.FLAX_POINTS)
     is_best = chosen.number == best.number
     # What the search could not read (the study's setup, the chosen trial): only
     # when there is something, so other plan files keep their form.
@@ -133,23 +132,6 @@ def export_config(
         "results": _results(chosen, records, summary, is_best, attrs.get(_attrs.OBJECTIVE),
                             "best" if trial is None else "trial"),
     }
-
-
-def _flax_points(setup: Any, workload: Workload | None) -> list[list[str | None]]:
-    """The step's Flax constraints (`activations.trace_points`, the points whose
-    unnamed dims are whole) as JSON, which a flax-rules export places; empty
-    where nothing in this process makes such points or no step is at hand."""
-    if not _activations.whole_points_possible():
-        return []
-    if setup is not None:
-        step, abstract_args = setup.context.step, setup.context.abstract_args
-    elif workload is not None:
-        step, abstract_args = workload.step, workload.abstract()
-    else:
-        return []
-    _, named = _activations.trace_points(step, abstract_args)
-    return [[_activations.name_to_json(n) for n in names]
-            for names, whole in named.items() if whole]
 
 
 def _gather(

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import optuna
 
+from ..base import activations as _activations
 from ..base import mesh as _mesh
 from ..base.warnings import ShardsearchWarning, warn_notes
 from .evaluation import evaluate as _evaluate
@@ -308,6 +309,9 @@ def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:
     }.items():
         study.set_user_attr(key, value)
     study.set_user_attr(attrs.NOTES, list(setup.notes))
+    if ctx.flax_points:
+        study.set_user_attr(attrs.FLAX_POINTS, [
+            [_activations.name_to_json(n) for n in names] for names in ctx.flax_points])
     # A run that dies before finishing must not leave an older run's winner
     # looking current to `shardsearch export`.
     study.set_user_attr(attrs.RESULT, None)

@@ -387,14 +387,14 @@ def make_context(
     args = tuple(args)
     abstract_args = _as_abstract(args)
     try:
-        jax.eval_shape(step, *abstract_args)
+        # The check that it traces, and where it passes named activations.
+        found, named = _activations.trace_points(step, abstract_args)
     except Exception as err:
         raise ValueError(
             f"optimize: the step cannot be traced with these arguments: "
             f"{type(err).__name__}: {err}") from None
     dcn_axes = _check_dcn_axes(settings.dcn_axes or (target.dcn_axes if target else ()), mesh)
-    offered = _activation_choices(step, abstract_args, mesh) if _wants_activations(
-        settings.knobs) else {}
+    offered = _activation_choices(found, mesh) if _wants_activations(settings.knobs) else {}
     if offered:
         declared = _activations.with_activation_knobs(declared, step, offered,
                                                       _activations.mesh_axes(mesh))
@@ -403,7 +403,8 @@ def make_context(
                   settings.repeats, settings.compile_timeout, settings.hardware,
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
                   verbose=settings.verbose, dcn_axes=dcn_axes, target=target,
-                  knobs=knobs, steps=knobs.step if knobs is not None else None)
+                  knobs=knobs, steps=knobs.step if knobs is not None else None,
+                  flax_points=tuple(names for names, whole in named.items() if whole))
     if scorer.uses_hardware:
         try:
             ctx.hardware_model()
@@ -465,14 +466,13 @@ def _wants_activations(chosen: bool | tuple[str, ...] | None) -> bool:
         n.startswith(_activations.PREFIX) for n in chosen))
 
 
-def _activation_choices(step: Any, abstract_args: tuple[Any, ...],
+def _activation_choices(found: Mapping[str, tuple[int, ...]],
                         mesh: jax.sharding.Mesh) -> dict[str, tuple[str, ...]]:
-    """The `act_<name>` knobs for the points `step` passes through, over the
-    mesh's axes of size > 1 (the same groups as a logical axis's choices)."""
+    """The `act_<name>` knobs for the points `found` (`activations.points`), over
+    the mesh's axes of size > 1 (the same groups as a logical axis's choices)."""
     axes = _activations.mesh_axes(mesh)
     groups = group_choices([a for a, size in axes if size > 1])
-    return _activations.activation_choices(
-        _activations.points(step, abstract_args), groups, axes)
+    return _activations.activation_choices(found, groups, axes)
 
 
 def _host_args(workload: Workload | None, args: tuple[Any, ...], seed: int,

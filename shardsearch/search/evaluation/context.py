@@ -72,6 +72,9 @@ class Context:
         in the study process, the programs it was sent in a worker; None
         when the step has no knobs.
       setting: the knob setting `step` was built for; `()`: the step as given.
+      flax_points: the step's Flax constraints, each point's names per dim
+        (`base.activations.trace_points`, the points whose unnamed dims are
+        whole), which the study records for a flax-rules export.
 
     What changes from trial to trial (the study's recorded estimates) is not
     here: it travels with the trial (`evaluate(..., estimates=...)`).
@@ -97,6 +100,7 @@ class Context:
     knobs: Knobs | None = None
     steps: Callable[[Setting], Callable[..., Any]] | None = None
     setting: Setting = ()
+    flax_points: tuple[tuple[Any, ...], ...] = ()
     root: Context | None = dataclasses.field(default=None, repr=False)
 
     def with_setting(self, setting: Setting) -> Context:

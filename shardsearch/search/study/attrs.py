@@ -37,6 +37,11 @@ IDENTITY = "identity"
 NOTES = "notes"
 """What the study's setup could not read (`base.warnings` notes: the logical
 axes' unhandled primitives and merges); a trial's own are in its outcome."""
+FLAX_POINTS = "flax_points"
+"""The step's Flax constraints (`nn.with_logical_constraint` calls made
+points by `shardsearch.flax.constraint_points`), each as its names per dim
+(`base.activations.name_to_json`), in the order the step passes them; absent
+when it has none. A flax-rules export places them."""
 
 # ----------------------------------------------------------------- a trial
 OUTCOME = "outcome"
