@@ -39,9 +39,37 @@ def workdir() -> Path:
     return path
 
 
-def search(step, args, where: Path, name: str) -> ss.OptimizeResult:
+def search(step, args, where: Path, name: str, **options) -> ss.OptimizeResult:
     return ss.optimize(step, args, mesh=mesh(), storage=f"sqlite:///{where / 'studies.db'}",
-                       study_name=name, **SEARCH)
+                       study_name=name, **SEARCH, **options)
+
+
+def trial_plan(result: ss.OptimizeResult, trial: int, where: Path) -> Path:
+    """The plan file of one trial of the search (its rules and knobs)."""
+    return ss.write_config(ss.export_config(result, trial=trial), where / f"trial-{trial}.json")
+
+
+def constraint_specs(step, *args) -> list:
+    """The sharding constraints `step` traces, in order, as canonical specs;
+    one that leaves every dim to XLA constrains nothing and is left out."""
+    from shardsearch.base.spec import canonical
+
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "sharding_constraint":
+                spec = eqn.params["sharding"].spec
+                if any(e is not jax.sharding.PartitionSpec.UNCONSTRAINED for e in spec):
+                    found.append(canonical(spec))
+            for value in eqn.params.values():
+                for item in value if isinstance(value, tuple | list) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(lambda *a: step(*a))(*args).jaxpr)
+    return found
 
 
 def check_against_baselines(result: ss.OptimizeResult) -> str:
@@ -130,6 +158,13 @@ def flax_specs(logical_state, data: dict) -> tuple:
     pairs = rules(data)
     batch = [nn.logical_to_mesh_axes(argument[0][2], pairs) for argument in data["batch"]]
     return (nn.logical_to_mesh(logical_state, pairs), *batch)
+
+
+def is_box(x) -> bool:
+    """A Flax Linen box (`nn.LogicallyPartitioned`, `nn.Partitioned`)."""
+    import flax.linen as nn
+
+    return isinstance(x, nn.Partitioned)
 
 
 def is_spec(s) -> bool:

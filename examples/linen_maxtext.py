@@ -1,11 +1,16 @@
 """A Flax Linen decoder with MaxText-style logical annotations, trained with optax.
 
 Its parameters carry MaxText's logical names (`nn.with_logical_partitioning`:
-embed, heads, kv, mlp, vocab); the step takes Linen's boxed variables as they
-come from `init`, so the names reach the search, which adopts them. The plan
-comes back as a flax-rules file, and the state and batch are sharded with
-Flax's own `nn.logical_to_mesh_sharding` and those rules, as a MaxText
-training loop would, for one step.
+embed, heads, kv, mlp, vocab), and its activations MaxText's activation names
+(`nn.with_logical_constraint`: activation_batch, activation_length, ...). The
+step takes Linen's boxed variables as they come from `init`, so the
+parameters' names reach the search, which adopts them; `constraint_points`
+makes the activations' names sharding points the search places (`knobs=True`:
+`act_activation_length`, ...). The plan comes back as a flax-rules file, and
+one step runs as a MaxText training loop would run it: the state and batch
+sharded by Flax's own `nn.logical_to_mesh_sharding`, the step traced under
+`nn.logical_axis_rules` with those rules, so that Flax places the
+activations too.
 
     python examples/linen_maxtext.py [WORKDIR]
 """
@@ -23,13 +28,14 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
+from shardsearch import flax as ssf
 
 VOCAB, D, HEADS, HEAD_DIM, MLP, LAYERS = 64, 32, 4, 8, 64, 2
 BATCH, SEQ = 8, 16
 
 
-def init(names, scale=None):
-    base = nn.initializers.normal(scale) if scale else nn.initializers.lecun_normal()
+def init(names, scale=None, **axes):
+    base = nn.initializers.normal(scale) if scale else nn.initializers.lecun_normal(**axes)
     return nn.with_logical_partitioning(base, names)
 
 
@@ -42,25 +48,34 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """Projections as MaxText writes them, a kernel per dim of (embed, heads, kv)
+    (Linen's DenseGeneral cannot be traced under a mesh with 3-name kernels: its
+    shape check unboxes the flat 2-d kernel it initialises)."""
+
     @nn.compact
     def __call__(self, x):
         def proj(name):
-            return nn.DenseGeneral((HEADS, HEAD_DIM), use_bias=False, name=name,
-                                   kernel_init=init(("embed", "heads", "kv")))(x)
+            kernel = self.param(name, init(("embed", "heads", "kv"), in_axis=0, out_axis=(1, 2)),
+                                (D, HEADS, HEAD_DIM))
+            return jnp.einsum("btd,dhk->bthk", x, kernel)
 
-        q, k, v = proj("query"), proj("key"), proj("value")
+        names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
+        q, k, v = (nn.with_logical_constraint(proj(n), names) for n in ("query", "key", "value"))
         t = x.shape[1]
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / HEAD_DIM**0.5
         scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
         out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
-        return nn.DenseGeneral(D, axis=(-2, -1), use_bias=False, name="out",
-                               kernel_init=init(("heads", "kv", "embed")))(out)
+        wo = self.param("out", init(("heads", "kv", "embed"), in_axis=(0, 1), out_axis=2),
+                        (HEADS, HEAD_DIM, D))
+        return jnp.einsum("bthk,hkd->btd", out, wo)
 
 
 class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x):
         h = nn.Dense(MLP, use_bias=False, kernel_init=init(("embed", "mlp")), name="wi")(x)
+        h = nn.with_logical_constraint(h, ("activation_batch", "activation_length",
+                                           "activation_mlp"))
         return nn.Dense(D, use_bias=False, kernel_init=init(("mlp", "embed")),
                         name="wo")(nn.gelu(h))
 
@@ -71,6 +86,8 @@ class Decoder(nn.Module):
         x = nn.Embed(VOCAB, D, embedding_init=init(("vocab", "embed"), 0.02),
                      name="token_embedder")(tokens)
         for i in range(LAYERS):
+            x = nn.with_logical_constraint(x, ("activation_batch", "activation_length",
+                                               "activation_embed"))
             x = x + Attention(name=f"layers_{i}_attention")(RMSNorm(name=f"layers_{i}_pre")(x))
             x = x + Mlp(name=f"layers_{i}_mlp")(RMSNorm(name=f"layers_{i}_post")(x))
         x = RMSNorm(name="decoder_norm")(x)
@@ -87,6 +104,7 @@ def loss_fn(params, tokens, targets):
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
+@ssf.constraint_points  # the nn.with_logical_constraint names: points the search places
 def train_step(state, tokens, targets):
     """A MaxText-like step on `(params, opt_state)`, the params boxed by Linen."""
     params, opt_state = state
@@ -109,7 +127,10 @@ def main() -> dict:
     assert {"embed", "heads", "kv", "mlp", "vocab"} <= names, names
     assert not axes.conflicts, axes.conflicts
 
-    result = _common.search(train_step, args, where, "linen-maxtext")
+    result = _common.search(train_step, args, where, "linen-maxtext", knobs=True)
+    acts = {"act_activation_batch", "act_activation_length", "act_activation_embed",
+            "act_activation_heads", "act_activation_kv", "act_activation_mlp"}
+    assert acts <= set(result.best_knobs), result.best_knobs
     line = _common.check_against_baselines(result)
 
     # The flax-rules file, loaded as a MaxText user would: the state's boxes and
@@ -125,17 +146,31 @@ def main() -> dict:
     assert flax_specs == _common.flax_specs(nn.get_partition_spec(args[0]), data)
     compared = _common.same_specs(measured, flax_specs)
 
-    # One step with Flax's shardings, the state staying where Flax put it.
-    state = jax.device_put(args[0], state_shardings)
-    batch = [jax.device_put(b, s) for b, s in zip(args[1:], batch_shardings, strict=True)]
-    (new_params, _), metrics = jax.jit(train_step, donate_argnums=0)(state, *batch)
-    kernel = new_params["layers_0_mlp"]["wi"]["kernel"].value
+    # A MaxText loop runs the step on the unboxed state, under the mesh and the
+    # rules; Flax then places the model's nn.with_logical_constraint calls, which
+    # must be as the search traced them for that trial (its act_ knobs).
+    plain = jax.tree.map(lambda b: b.value if _common.is_box(b) else b, args[0],
+                         is_leaf=_common.is_box)
+    pairs = ssf.rules_from_file(where / "rules.json")
+    trial = ss.load_plan(_common.trial_plan(result, source["trial"], where), mesh=mesh)
+    traced = _common.constraint_specs(trial.build_step(train_step), *args)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(pairs):
+        by_flax = _common.constraint_specs(train_step, plain, *args[1:])
+        assert by_flax == traced, (by_flax, traced)
+
+        # One step with Flax's shardings, the state staying where Flax put it.
+        state = jax.device_put(plain, state_shardings)
+        batch = [jax.device_put(b, s) for b, s in zip(args[1:], batch_shardings, strict=True)]
+        (new_params, _), metrics = jax.jit(train_step, donate_argnums=0)(state, *batch)
+    kernel = new_params["layers_0_mlp"]["wi"]["kernel"]
     want = state_shardings[0]["layers_0_mlp"]["wi"]["kernel"]
     assert kernel.sharding.is_equivalent_to(want, kernel.ndim), (kernel.sharding, want)
     seconds = time.perf_counter() - started
     summary = {"example": "linen_maxtext", "winner": result.best_label, "check": line,
                "baselines": _common.baseline_times(result),
                "leaves_compared": compared, "flax_rules_from": source, "rules": rules,
+               "constraints_compared": len(by_flax),
+               "trial_knobs": {n: v for n, v in trial.knobs.items() if n in acts},
                "loss": float(metrics["loss"]),
                "axes": sorted(names), "seconds": round(seconds, 1)}
     print(json.dumps(summary))

@@ -306,3 +306,60 @@ def test_the_study_records_the_steps_flax_constraints_for_export(mesh24, tmp_pat
     assert ss.export_config(result.study, args=args)["flax_points"] == config["flax_points"]
     with pytest.raises(ValueError, match="not a flax-rules file"):
         ssf.rules_from_file(ss.write_config(config, tmp_path / "plan.json"))
+
+
+# ---------------------------------------------------------------- start plans
+
+
+MAXTEXT = [["batch", "dp"], ["activation_batch", "dp"], ["activation_length", "tp"],
+           ["activation_mlp", "tp"], ["activation_embed", None], ["mlp", "tp"]]
+
+
+def test_a_maxtext_list_places_the_models_constraints_in_its_start_plan(mesh24, tmp_path):
+    """The list's activation pairs are what Flax would place the model's
+    constraints by: the start plan runs with them as its act_ knobs."""
+    from shardsearch.search.space.baselines import StartPlanWarning, start_candidates
+
+    step, args = _sequence_step()
+    path = tmp_path / "maxtext.json"
+    path.write_text(json.dumps(MAXTEXT))
+    ctx, _ = make_context(step, args, mesh24, knobs=True)
+    names = [n for point in ctx.flax_points for n in point if isinstance(n, str)]
+    start = start_candidates([path], mesh24, ctx.knobs, names)["plan:maxtext"]
+    # Declaration order; activation_embed=None is "-"; the parameters' pairs are no knobs.
+    assert start.knobs == (("act_activation_batch", "dp"), ("act_activation_length", "tp"),
+                           ("act_activation_embed", "-"), ("act_activation_mlp", "tp"))
+    # A search that places no activations runs it without them, and says so.
+    plain, _ = make_context(step, args, mesh24)
+    with pytest.warns(StartPlanWarning, match=r"maxtext\.json'.*runs without "
+                                              r"act_activation_batch=dp.*knobs: none"):
+        start = start_candidates([path], mesh24, plain.knobs, names)["plan:maxtext"]
+    assert start.knobs == ()
+
+
+def test_a_plan_file_starts_with_its_knobs(mesh24, tmp_path):
+    from shardsearch.search.space.baselines import StartPlanWarning, start_candidates
+
+    step, args = _step_and_args()
+    first = ss.optimize(step, args, mesh=mesh24, knobs=True, n_trials=1, quiet=True,
+                        storage=f"sqlite:///{tmp_path / 's.db'}", warmup=1, repeats=1,
+                        confirm_rounds=0, isolate=False, seed=0, warm_start=False)
+    config = ss.export_config(first)
+    config["knobs"] = {**config["knobs"], "act_activation_mlp": "tp"}
+    path = ss.write_config(config, tmp_path / "mine.json")
+    ctx, _ = make_context(step, args, mesh24, knobs=True)
+    start = start_candidates([path], mesh24, ctx.knobs)["plan:mine"]
+    assert ("act_activation_mlp", "tp") in start.knobs
+    # The search runs it so: the trial records the knobs.
+    again = ss.optimize(step, args, mesh=mesh24, knobs=True, n_trials=1, quiet=True,
+                        storage=f"sqlite:///{tmp_path / 's.db'}", study_name="again", warmup=1,
+                        repeats=1, confirm_rounds=0, isolate=False, seed=0, warm_start=False,
+                        start_from=[path])
+    assert [(t.label, dict(t.knobs).get("act_activation_mlp")) for t in again.trials] == [
+        ("plan:mine", "tp")]
+    # A value the search does not offer, or a knob it does not vary: warned, left out.
+    config["knobs"] = {"act_activation_mlp": "dp,dp", "remat": "full"}
+    path = ss.write_config(config, tmp_path / "mine.json")
+    with pytest.warns(StartPlanWarning, match=r"runs without act_activation_mlp=dp,dp, "
+                                              r"remat=full"):
+        assert start_candidates([path], mesh24, ctx.knobs)["plan:mine"].knobs == ()

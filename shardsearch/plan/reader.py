@@ -25,7 +25,7 @@ from .._version import __version__
 from ..base import mesh as _mesh
 from ..base import spec as _spec
 from ..base import tree as _tree
-from ..base.activations import split_setting, under_rules
+from ..base.activations import AUTO, PREFIX, split_setting, under_rules
 from ..base.jsonfile import read_json
 from ..base.knobs import Knobs
 from ..base.monitor import ShardingWarning
@@ -326,6 +326,37 @@ def load_rules(path: str | os.PathLike[str],
             f"{path}: this {FORMAT} file names no batch leaves, so it gives no batch "
             "rule; give the plan file instead (`shardsearch export`'s default format)")
     return state_rule, batch_rule
+
+
+def load_start(path: str | os.PathLike[str], mesh: _mesh.AnyMesh | None = None
+               ) -> tuple[ShardingRule, ShardingRule, dict[str, Any], dict[str, str]]:
+    """`load_rules`, and the knobs a search starting from the file takes.
+
+    Returns:
+      `(state rule, batch rule, knobs, pairs)`: `knobs` the plan file's own
+      (`{"remat": "full", "act_seq": "tp"}`; empty for a rules file), and
+      `pairs` every name of a rules file's `logical_axis_rules` as the
+      activation knob it would be (`{"act_activation_length": "tp",
+      "act_embed": "-"}`; a flax-rules file's `unconstrained` names:
+      `"auto"`): which of them are the step's activations only the step
+      tells (`search.space.baselines.start_candidates`).
+
+    Raises:
+      OSError, ValueError: as `load_rules`.
+    """
+    state_rule, batch_rule = load_rules(path, mesh)
+    data = read_json(path, str(path), invalid=_INVALID)
+    if isinstance(data, dict) and "schema" in data:
+        return state_rule, batch_rule, dict(data.get("knobs") or {}), {}
+    listed = data["logical_axis_rules"] if isinstance(data, dict) and (
+        "logical_axis_rules" in data) else data["rules"] if isinstance(data, dict) else data
+    pairs: dict[str, str] = {}
+    for name, entry in listed:  # Flax's precedence: a name's first pair is its entry
+        pairs.setdefault(PREFIX + name, "-" if entry is None else entry if isinstance(
+            entry, str) else ",".join(entry))
+    for name in data.get("unconstrained", ()) if isinstance(data, dict) else ():
+        pairs.setdefault(PREFIX + name, AUTO)
+    return state_rule, batch_rule, {}, pairs
 
 
 def _read_rules(path: str | os.PathLike[str], mesh: _mesh.AnyMesh | None

@@ -184,8 +184,11 @@ def optimize(
     lockstep = _distributed.settings(settings.distributed, settings.isolate)
     if lockstep is not None:
         settings = dataclasses.replace(settings, isolate=False)
-    starts = start_candidates(settings.start_from, mesh)  # a bad file fails before anything runs
     ctx, workload = make_context(step, args, mesh, settings)
+    # A bad file fails before anything runs; a start plan takes the knobs it sets
+    # that this search varies.
+    starts = start_candidates(settings.start_from, mesh, ctx.knobs,
+                              [n for names in ctx.flax_points for n in names if isinstance(n, str)])
     if lockstep is not None:
         # Process 0 runs the search; the others run its jobs until it ends.
         ctx.executor = Lockstep(ctx, lockstep)

@@ -20,10 +20,11 @@ import numpy as np
 from ...base import mesh as _mesh
 from ...base import spec as _spec
 from ...base import tree as _tree
+from ...base.activations import PREFIX
 from ...base.knobs import Knobs
 from ...base.warnings import ShardsearchWarning
 from ...logical.axes import LogicalAxes
-from ...plan.reader import load_rules
+from ...plan.reader import load_start
 from ...rules.auto import AutoShardingRule
 from ...rules.base import ShardingRule
 from ...rules.batch import BatchShardingRule
@@ -109,16 +110,33 @@ def baseline_plans(
 START_PREFIX = "plan:"
 
 
-def start_candidates(paths: Sequence[str | os.PathLike[str]], mesh: Any
+def start_candidates(paths: Sequence[str | os.PathLike[str]], mesh: Any,
+                     knobs: Knobs | None = None, flax_names: Sequence[str] = ()
                      ) -> dict[str, Candidate]:
     """Plan files (`shardsearch export`, `optimize --out`) as candidates to start from.
 
-    Each file's state and batch rules (`plan.reader.load_rules`: a plan file,
-    or a logical-axis-rules file with the batch's names), bound to `mesh`
-    (same axis names; sizes may differ), labelled `plan:<file name without
-    .json>`. A search evaluates them beside the baselines, so its answer is
-    never worse than the best of them: a plan found earlier, by another space,
-    or on a smaller model of the same architecture.
+    Each file's state and batch rules (`plan.reader.load_start`: a plan file,
+    a logical-axis-rules or flax-rules file with the batch's names, or a
+    MaxText-style rules list), bound to `mesh` (same axis names; sizes may
+    differ), labelled `plan:<file name without .json>`, with the knobs it
+    sets that the search varies (`knobs`): a plan file's own, and the pairs
+    of a rules list that name the step's Flax constraints (`act_<name>`: Flax
+    places them by the same rules). A search
+    evaluates them beside the baselines, so its answer is never worse than
+    the best of them: a plan found earlier, by another space, on a smaller
+    model of the same architecture, or the rules an expert wrote.
+
+    Args:
+      paths: the files.
+      mesh: the search's mesh.
+      knobs: the knobs the search varies (`Context.knobs`), or None.
+      flax_names: the names of the step's Flax constraints (`Context.flax_points`).
+
+    Warns:
+      StartPlanWarning: naming the file, a plan file's knobs the search does
+        not vary (or a value it does not offer), and a rules list's pairs for
+        the step's Flax constraints the search does not place so (the plan
+        then runs without them).
 
     Raises:
       ValueError: naming the file: it cannot be read, is not a plan file (or a
@@ -140,14 +158,44 @@ def start_candidates(paths: Sequence[str | os.PathLike[str]], mesh: Any
                 f"start plan {str(path)!r}: a second file named {name!r} (labels come from "
                 "file names); rename one of them")
         try:
-            state_rule, batch_rule = load_rules(path, mesh)
+            state_rule, batch_rule, own, pairs = load_start(path, mesh)
         except OSError as err:
             raise ValueError(f"start plan {str(path)!r}: cannot read it "
                              f"({err.strerror or err}); give an existing plan file") from None
         except ValueError as err:
             raise ValueError(f"start plan: {err}") from None
-        out[label] = Candidate(state_rule, batch_rule, label)
+        setting = _start_setting(str(path), knobs, own, pairs, flax_names)
+        out[label] = Candidate(state_rule, batch_rule, label, knobs=setting)
     return out
+
+
+class StartPlanWarning(ShardsearchWarning):
+    """A start plan runs without some of what its file sets."""
+
+
+def _start_setting(path: str, knobs: Knobs | None, own: Mapping[str, Any],
+                   pairs: Mapping[str, str], flax_names: Sequence[str]) -> tuple[Any, ...]:
+    """The knob setting a start plan runs with: its file's knobs that `knobs`
+    declares with that value; a rules list's pairs for the step's Flax
+    constraints likewise (its other pairs are the parameters'). What is left
+    out, warned."""
+    declared = knobs.choices if knobs is not None else {}
+    offered = {n: v for n, v in pairs.items() if n[len(PREFIX):] in flax_names}
+    take, left = {}, []
+    for name, value in [*own.items(), *offered.items()]:
+        if name in take:
+            continue
+        if name in declared and value in declared[name]:
+            take[name] = value
+        else:
+            left.append(f"{name}={value}")
+    if left:
+        varied = ", ".join(f"{n} {list(c)}" for n, c in declared.items()) or "none"
+        warnings.warn(StartPlanWarning(
+            f"start plan {path!r}: runs without {', '.join(left)}, which this search does not "
+            f"vary with that value (its knobs: {varied}); search them (knobs=True or "
+            "knobs=[names], --knobs) to start from them"), stacklevel=4)
+    return knobs.setting(take) if knobs is not None else ()
 
 
 # The expert plans that need no names: they apply to any step.
