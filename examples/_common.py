@@ -41,7 +41,7 @@ def workdir() -> Path:
 
 def search(step, args, where: Path, name: str, **options) -> ss.OptimizeResult:
     return ss.optimize(step, args, mesh=mesh(), storage=f"sqlite:///{where / 'studies.db'}",
-                       study_name=name, **SEARCH, **options)
+                       study_name=name, **{**SEARCH, **options})
 
 
 def trial_plan(result: ss.OptimizeResult, trial: int, where: Path) -> Path:
@@ -99,11 +99,12 @@ def baseline_times(result: ss.OptimizeResult) -> dict[str, float]:
     return {b: result.baselines[b] for b in ("dp", "fsdp")}
 
 
-def export_plans(result: ss.OptimizeResult, args, where: Path) -> tuple:
+def export_plans(result: ss.OptimizeResult, args, where: Path, prefer=None) -> tuple:
     """Writes the winner's plan file and a flax-rules file; reads both back.
 
     The flax-rules file comes from the best logical trial whose specs Flax's
-    rules can give (the winner when it is one): an assignment where two names
+    rules can give (the winner when it is one; with `prefer`, the best of the
+    trials `prefer(trial)` holds for, if any): an assignment where two names
     on one mesh axis meet in leaves of opposite dim order at equal sizes (wq
     `(embed, heads)`, wo `(heads, embed)`) has no one order of pairs, and the
     export refuses it (`FlaxRulesMismatch`), naming the leaves.
@@ -125,7 +126,8 @@ def export_plans(result: ss.OptimizeResult, args, where: Path) -> tuple:
     winner = result.best_rule.to_config()
     logical = sorted((t for t in result.trials if t.state_rule.get("kind") == "logical"
                       and t.outcome.status == "complete"),
-                     key=lambda t: (t.state_rule != winner, t.outcome.value))
+                     key=lambda t: (prefer is not None and not prefer(t),
+                                    t.state_rule != winner, t.outcome.value))
     assert logical, "no logical trial completed"
     refused = []
     for trial in logical:

@@ -96,6 +96,11 @@ class Decoder(nn.Module):
 
 
 MODEL = Decoder()
+# MaxText's base.yml style: the parameters' names, then the activations'.
+MAXTEXT_RULES = [["batch", "dp"], ["vocab", "tp"], ["embed", None], ["heads", "tp"],
+                 ["kv", None], ["mlp", "tp"], ["activation_batch", "dp"],
+                 ["activation_length", None], ["activation_embed", None],
+                 ["activation_heads", "tp"], ["activation_kv", None], ["activation_mlp", "tp"]]
 OPTIMIZER = optax.adamw(1e-3)
 
 
@@ -127,15 +132,27 @@ def main() -> dict:
     assert {"embed", "heads", "kv", "mlp", "vocab"} <= names, names
     assert not axes.conflicts, axes.conflicts
 
-    result = _common.search(train_step, args, where, "linen-maxtext", knobs=True)
+    # MaxText's own rules, its activations' pairs included, are a start plan: the
+    # expert's plan, measured beside what the search finds.
+    expert = where / "maxtext-rules.json"
+    expert.write_text(json.dumps(MAXTEXT_RULES))
+    result = _common.search(train_step, args, where, "linen-maxtext", knobs=True,
+                            start_from=[expert], n_trials=10)
     acts = {"act_activation_batch", "act_activation_length", "act_activation_embed",
             "act_activation_heads", "act_activation_kv", "act_activation_mlp"}
     assert acts <= set(result.best_knobs), result.best_knobs
+    expert_trial = next(t for t in result.trials if t.label == "plan:maxtext-rules")
+    assert dict(expert_trial.knobs) == {  # null in the list: the dim kept whole, "-"
+        "act_activation_batch": "dp", "act_activation_length": "-", "act_activation_embed": "-",
+        "act_activation_heads": "tp", "act_activation_kv": "-", "act_activation_mlp": "tp"}
     line = _common.check_against_baselines(result)
 
     # The flax-rules file, loaded as a MaxText user would: the state's boxes and
-    # the batch's logical names, through Flax's own resolution.
-    _, data, measured, source = _common.export_plans(result, args, where)  # plan file checked too
+    # the batch's logical names, through Flax's own resolution. From a trial that
+    # placed some activations, where one did.
+    _, data, measured, source = _common.export_plans(  # plan file checked too
+        result, args, where, prefer=lambda t: any(
+            n in acts and v != "auto" for n, v in t.knobs))
     rules = _common.rules(data)
     mesh = _common.mesh()
     state_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(args[0]), mesh, rules)
@@ -158,13 +175,12 @@ def main() -> dict:
         by_flax = _common.constraint_specs(train_step, plain, *args[1:])
         assert by_flax == traced, (by_flax, traced)
 
-        # One step with Flax's shardings, the state staying where Flax put it.
+        # One step with Flax's shardings, the new state kept where Flax put the old
+        # (as a MaxText loop jits its step).
         state = jax.device_put(plain, state_shardings)
         batch = [jax.device_put(b, s) for b, s in zip(args[1:], batch_shardings, strict=True)]
-        (new_params, _), metrics = jax.jit(train_step, donate_argnums=0)(state, *batch)
-    kernel = new_params["layers_0_mlp"]["wi"]["kernel"]
-    want = state_shardings[0]["layers_0_mlp"]["wi"]["kernel"]
-    assert kernel.sharding.is_equivalent_to(want, kernel.ndim), (kernel.sharding, want)
+        _, metrics = jax.jit(train_step, out_shardings=(state_shardings, None),
+                             donate_argnums=0)(state, *batch)
     seconds = time.perf_counter() - started
     summary = {"example": "linen_maxtext", "winner": result.best_label, "check": line,
                "baselines": _common.baseline_times(result),
