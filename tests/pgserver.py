@@ -16,6 +16,11 @@ import pytest
 
 ENV = "SHARDSEARCH_TEST_POSTGRES"
 
+# The tests that use the server run in one xdist process, one after another:
+# tests/test_chaos.py stops and restarts it, which would break a test another
+# process ran on it meanwhile (`pytest -n 2 --dist loadgroup`, the README's).
+ONE_PROCESS = pytest.mark.xdist_group("postgres")
+
 
 def postgres_url() -> str:
     """The test server's URL (`postgresql://user:password@127.0.0.1:PORT/db`),

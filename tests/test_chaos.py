@@ -38,7 +38,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
-from pgserver import fresh_database, postgres_url, restart_server, server_dir
+from pgserver import ONE_PROCESS, fresh_database, postgres_url, restart_server, server_dir
 
 from shardsearch.search.evaluation.outcome import Outcome
 from shardsearch.search.evaluation.stages import COMPLETE
@@ -51,7 +51,7 @@ from shardsearch.search.study.ownership import (
 )
 from shardsearch.search.study.record import TrialRecord, outcome_attrs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, ONE_PROCESS]
 
 STUDY = "chaos"
 WORKERS = 4

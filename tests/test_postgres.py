@@ -12,10 +12,12 @@ import sys
 from urllib.parse import quote
 
 import pytest
-from pgserver import fresh_database, postgres_url
+from pgserver import ONE_PROCESS, fresh_database, postgres_url
 from sqlalchemy.engine import make_url
 
 from shardsearch.search.study.storage import close_storage, open_study, storage_engine
+
+pytestmark = ONE_PROCESS
 
 # A password that no message could contain by chance.
 WRONG = "Wr0ng-pw-7f3a9c"

@@ -17,7 +17,7 @@ import time
 import optuna
 import pytest
 from optuna.trial import TrialState
-from pgserver import fresh_database, postgres_url
+from pgserver import ONE_PROCESS, fresh_database, postgres_url
 from progress import after_trials
 from sqlalchemy.engine import make_url
 
@@ -112,6 +112,7 @@ def _check_cooperated(trials, workers):
 
 
 @pytest.mark.slow
+@ONE_PROCESS
 def test_two_workers_on_postgres_share_compiles_and_survive_kill_9(tmp_path):
     url = fresh_database(postgres_url(), "shardsearch_workers")
     # Both spellings of the driver share one study: psycopg 3 and psycopg2.
@@ -205,7 +206,7 @@ def test_workers_on_one_sqlite_file_never_take_the_same_queued_trial(tmp_path):
 # ---------------------------------------------------------------- the claims alone
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=ONE_PROCESS)])
 def study(request, tmp_path):
     """A new study on an SQLite file or on the PostgreSQL server."""
     url = (f"sqlite:///{tmp_path / 'claims.db'}" if request.param == "sqlite"
