@@ -14,6 +14,8 @@ import pytest
 
 import shardsearch as ss
 from shardsearch.base import activations as acts
+from shardsearch.base.mesh import axis_sizes
+from shardsearch.base.warnings import ShardsearchWarning
 from shardsearch.search import (
     Candidate,
     baseline_candidates,
@@ -225,7 +227,7 @@ def test_a_worker_places_the_points_of_the_workload_it_rebuilds(mesh24):
 def test_a_placed_step_travels_by_reference_with_its_rules(mesh24):
     args = tuple(jax.eval_shape(lambda: _user_args()))
     knobs = acts.with_activation_knobs(None, user_step, {"act_hidden": ("auto", "tp")},
-                                       acts.mesh_axes(mesh24))
+                                       tuple(axis_sizes(mesh24).items()))
     setting = (("act_hidden", "tp"),)
     program, why = package_step(knobs.step(setting), None, args, "cpu", knobs, setting)
     assert why == ""
@@ -304,3 +306,25 @@ def test_a_plan_places_the_points_on_the_mesh_it_was_loaded_for(tmp_path, mesh24
               for e in getattr(getattr(value, "jaxpr", None), "eqns", ())
               if e.primitive.name == "sharding_constraint"]
     assert found and all(dict(s.mesh.shape) == {"dp": 4, "tp": 2} for s in found)
+
+
+def test_a_point_no_axis_can_split_is_said_not_dropped(mesh24):
+    """Three rows cannot be split over dp=2 or tp=4: asked by name, the error
+    says so; under knobs=True, a warning does."""
+
+    def odd_step(state, x):
+        def loss(params):
+            h = acts.activation(jnp.tanh(x @ params["w1"]), ("rows", "hidden"))
+            return jnp.mean(h ** 2)
+
+        value, grads = jax.value_and_grad(loss)(state)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, state, grads), {"loss": value}
+
+    args = ({"w1": jnp.zeros((16, 32), jnp.float32)}, jnp.ones((3, 16), jnp.float32))
+    with pytest.raises(ValueError, match=r"knobs \['act_rows'\] cannot be offered: act_rows: no "
+                                         r"group of the mesh's axes \(dp=2, tp=4\) divides its "
+                                         r"sizes \[3\]"):
+        make_context(odd_step, args, mesh24, knobs=("act_rows",))
+    with pytest.warns(ShardsearchWarning, match=r"act_rows: no group"):
+        ctx, _ = make_context(odd_step, args, mesh24, knobs=True)
+    assert set(ctx.knobs.searched()) == {"act_hidden"}

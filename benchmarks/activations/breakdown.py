@@ -25,7 +25,7 @@ import shardsearch as ss
 
 ss.use_cpu_devices(1)
 
-from shardsearch.bench import load_suite  # noqa: E402
+from shardsearch.bench import entry_mesh, load_suite  # noqa: E402
 from shardsearch.search import Candidate, evaluate, make_context, resolve  # noqa: E402
 from shardsearch.workloads import expert_plan, get_workload  # noqa: E402
 
@@ -44,8 +44,7 @@ def run(entry_id: str) -> list[dict]:
     suite = load_suite("published-chip")
     entry = {e.id: e for e in suite.entries}[entry_id]
     chip = entry.hardware or suite.hardware
-    dims, names = ss.parse_mesh(entry.mesh)
-    mesh = ss.target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
+    mesh = entry_mesh(suite, entry)
     workload = get_workload(entry.workload_name)
     plan = expert_plan(workload, mesh, entry.published.plan)
     ctx, _ = make_context(workload, None, mesh, objective="static", hardware=ss.HARDWARE[chip],

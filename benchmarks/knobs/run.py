@@ -34,7 +34,7 @@ import shardsearch as ss
 
 ss.use_cpu_devices(1)
 
-from shardsearch.bench import load_suite  # noqa: E402
+from shardsearch.bench import entry_mesh, load_suite  # noqa: E402
 from shardsearch.search import (  # noqa: E402
     Candidate,
     evaluate,
@@ -59,8 +59,7 @@ def parse_setting(text: str) -> dict:
 
 def compile_entry(suite, entry, setting: dict) -> dict:
     chip = entry.hardware or suite.hardware
-    dims, names = ss.parse_mesh(entry.mesh)
-    mesh = ss.target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
+    mesh = entry_mesh(suite, entry)
     workload = get_workload(entry.workload_name)
     plan = expert_plan(workload, mesh, entry.published.plan)
     ctx, _ = make_context(workload, None, mesh, objective="static", hardware=ss.HARDWARE[chip],

@@ -260,11 +260,6 @@ def under_rules(step: Callable[..., Any], rules: Mapping[str, Entry],
     return placed
 
 
-def mesh_axes(mesh: Any) -> tuple[tuple[str, int], ...]:
-    """A mesh's `(axis name, size)` pairs, in mesh order."""
-    return tuple((str(a), int(s)) for a, s in dict(mesh.shape).items())
-
-
 def with_activation_knobs(knobs: Knobs | None, step: Callable[..., Any],
                           choices: Mapping[str, tuple[str, ...]],
                           axes: Sequence[tuple[str, int]]) -> Knobs:

@@ -46,6 +46,7 @@ from .report import speedup as speedup
 from .report import speedups as speedups
 from .report import write_report as write_report
 from .runner import SuiteRun as SuiteRun
+from .runner import entry_mesh as entry_mesh
 from .runner import resolve_budget as resolve_budget
 from .runner import run_entry as run_entry
 from .runner import run_suite as run_suite
@@ -68,6 +69,7 @@ __all__ = [
     "SuiteRun",
     "builtin_suites",
     "entry_line",
+    "entry_mesh",
     "estimate_published",
     "find_suite",
     "format_speedup",

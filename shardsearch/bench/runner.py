@@ -183,6 +183,17 @@ def resolve_budget(entry: Entry, workload: Any, mesh: Any, *,
     return out
 
 
+def entry_mesh(suite: Suite, entry: Entry) -> jax.sharding.Mesh:
+    """The mesh an entry runs on: its chip's compile-only devices for a target
+    suite (`target_mesh`, with the entry's `dcn_axes`), else this host's first
+    devices."""
+    dims, names = _mesh.parse_mesh(entry.mesh)
+    if suite.target:
+        return target_mesh(entry.hardware or suite.hardware,
+                           dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
+    return _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])
+
+
 def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
               trials: int | None = None, repeats: int | None = None,
               rounds: int | None = None, quiet: bool = True,
@@ -202,11 +213,8 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     # JAX's caches: a suite would otherwise grow to tens of GB in one process.
     jax.clear_caches()
     workload = get_workload(entry.workload_name)
-    dims, names = _mesh.parse_mesh(entry.mesh)
     chip = entry.hardware or suite.hardware
-    mesh = (target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=entry.dcn_axes)
-            if suite.target else
-            _mesh.create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)]))
+    mesh = entry_mesh(suite, entry)
     repeats = repeats or suite.repeats
     n_trials = trials or entry.trials
     hardware = HARDWARE[chip] if chip else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from ..base import tree as _tree
 from ..base.knobs import Knobs
 from ..base.target import Target, target_of
 from ..base.units import parse_bytes
-from ..base.warnings import warn_notes
+from ..base.warnings import ShardsearchWarning, warn_notes
 from ..cost.chips import HARDWARE
 from ..cost.hardware import HardwareModel
 from ..rules.base import ShardingRule
@@ -395,9 +396,11 @@ def make_context(
             f"{type(err).__name__}: {err}") from None
     dcn_axes = _check_dcn_axes(settings.dcn_axes or (target.dcn_axes if target else ()), mesh)
     offered = _activation_choices(found, mesh) if _wants_activations(settings.knobs) else {}
+    if _wants_activations(settings.knobs):
+        _say_unoffered(found, offered, settings.knobs, mesh)
     if offered:
         declared = _activations.with_activation_knobs(declared, step, offered,
-                                                      _activations.mesh_axes(mesh))
+                                                      tuple(_mesh.axis_sizes(mesh).items()))
     knobs = searched_knobs(declared, settings.knobs, by_default)
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
@@ -470,9 +473,28 @@ def _activation_choices(found: Mapping[str, tuple[int, ...]],
                         mesh: jax.sharding.Mesh) -> dict[str, tuple[str, ...]]:
     """The `act_<name>` knobs for the points `found` (`activations.points`), over
     the mesh's axes of size > 1 (the same groups as a logical axis's choices)."""
-    axes = _activations.mesh_axes(mesh)
+    axes = tuple(_mesh.axis_sizes(mesh).items())
     groups = group_choices([a for a, size in axes if size > 1])
     return _activations.activation_choices(found, groups, axes)
+
+
+def _say_unoffered(found: Mapping[str, tuple[int, ...]], offered: Mapping[str, Any],
+                   chosen: Any, mesh: jax.sharding.Mesh) -> None:
+    """The points a search asked to place that get no knob, and why: an error
+    for one asked by name, a warning for `knobs=True`."""
+    axes = ", ".join(f"{a}={n}" for a, n in _mesh.axis_sizes(mesh).items())
+    left = {_activations.PREFIX + name: (
+        "its name is not an identifier" if not name.isidentifier() else
+        f"no group of the mesh's axes ({axes}) divides its sizes {list(sizes)}")
+        for name, sizes in found.items() if _activations.PREFIX + name not in offered}
+    asked = [n for n in (chosen if isinstance(chosen, tuple) else ()) if n in left]
+    if asked:
+        raise ValueError(f"optimize: knobs {asked} cannot be offered: " + "; ".join(
+            f"{n}: {left[n]}" for n in asked))
+    if chosen is True and left:
+        warnings.warn(ShardsearchWarning(
+            "optimize: activation points get no knob (XLA places them): " + "; ".join(
+                f"{n}: {why}" for n, why in left.items())), stacklevel=4)
 
 
 def _host_args(workload: Workload | None, args: tuple[Any, ...], seed: int,

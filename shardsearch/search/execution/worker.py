@@ -154,7 +154,7 @@ def _step(program: tuple[Any, ...], abstract_args: Any,
 def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
     """Answers jobs until told to exit; an error in a job ends the worker."""
     from ...base import monitor  # noqa: F401 - loaded before the first job's clock starts
-    from ...base.activations import mesh_axes
+    from ...base.mesh import axis_sizes
     from ..evaluation import confirm as _confirm
     from ..evaluation import evaluate as _evaluate
     from ..evaluation.stages import FAILED
@@ -195,7 +195,7 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
     }
 
     def _install(programs: dict[Any, Any]) -> None:
-        axes = mesh_axes(ctx.mesh)
+        axes = tuple(axis_sizes(ctx.mesh).items())
         for setting, program in programs.items():
             ctx.programs[setting] = _step(program, ctx.abstract_args, axes)
 
