@@ -169,10 +169,10 @@ def _as_points(flax_constraint: Callable[..., Any]) -> Callable[..., Any]:
     from flax.core.spmd import get_logical_axis_rules
 
     def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: Any = None,
-                                mesh: Any = None, **fallback: Any) -> Any:
+                                mesh: Any = None, *fallback: Any, **named: Any) -> Any:
         if (not activations.placing() or logical_axis_resources is None or rules is not None
                 or mesh is not None or get_logical_axis_rules()):
-            return flax_constraint(x, logical_axis_resources, rules=rules, mesh=mesh, **fallback)
+            return flax_constraint(x, logical_axis_resources, rules, mesh, *fallback, **named)
         return jax.tree.map(_point, logical_axis_resources, x, is_leaf=_is_names)
 
     with_logical_constraint.__doc__ = flax_constraint.__doc__

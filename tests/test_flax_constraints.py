@@ -121,6 +121,13 @@ def test_a_pinned_call_is_flaxs_own(mesh24):
         assert _constraints(lambda v: pinned(v), x) == want
     seen = acts.points(pinned, (x,))
     assert seen == {}  # a pinned call is not a point the search could move
+    # Every argument reaches Flax as given, positional ones too.
+    from flax.linen.spmd import RulesFallback
+
+    strict = RulesFallback.RAISE_ERROR
+    with pytest.raises(ValueError, match="did not match a rule"):
+        jax.make_jaxpr(lambda v: nn.with_logical_constraint(
+            v, ("activation_batch", "other"), pairs, mesh24, strict))(x)
 
     def in_rules(v):
         with nn.logical_axis_rules(pairs):
