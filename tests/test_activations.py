@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxprs import constraints
 
 import shardsearch as ss
 from shardsearch.base import activations as acts
@@ -52,25 +53,6 @@ def _user_args():
     return state, jnp.asarray(rng.standard_normal((64, 16)).astype(np.float32))
 
 
-def _constraints(fn, *args):
-    """The specs of the sharding constraints `fn` traces, in order."""
-    jaxpr = jax.make_jaxpr(fn)(*args)
-    found = []
-
-    def walk(jx):
-        for eqn in jx.eqns:
-            if eqn.primitive.name == "sharding_constraint":
-                found.append(tuple(eqn.params["sharding"].spec))
-            for value in eqn.params.values():
-                for item in value if isinstance(value, tuple | list) else (value,):
-                    inner = getattr(item, "jaxpr", item)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jaxpr.jaxpr)
-    return found
-
-
 # ---------------------------------------------------------------- the seam
 
 
@@ -80,13 +62,13 @@ def test_a_point_is_nothing_without_rules_and_a_constraint_under_them():
     def f(v):
         return acts.activation(v * 2, ("batch", "seq", "embed"))
 
-    assert _constraints(f, x) == []
+    assert constraints(f, x) == []
     with acts.activation_rules({"seq": "tp", "embed": None}, AXES):
-        specs = _constraints(lambda v: f(v), x)
+        specs = constraints(lambda v: f(v), x)
     assert specs == [(jax.sharding.PartitionSpec.UNCONSTRAINED, "tp", None)]
     # Names no rule mentions: nothing traced.
     with acts.activation_rules({"heads": "tp"}, AXES):
-        assert _constraints(lambda v: f(v), x) == []
+        assert constraints(lambda v: f(v), x) == []
 
 
 def test_the_seam_refuses_what_it_cannot_place():
@@ -102,10 +84,10 @@ def test_a_later_dim_keeps_an_axis_two_dims_ask_for():
     x = jax.ShapeDtypeStruct((8, 16, 4, 2), jnp.float32)
     unconstrained = jax.sharding.PartitionSpec.UNCONSTRAINED
     with acts.activation_rules({"batch": "dp", "seq": "tp", "heads": "tp"}, AXES):
-        specs = _constraints(lambda v: acts.activation(v, ("batch", "seq", "heads", None)), x)
+        specs = constraints(lambda v: acts.activation(v, ("batch", "seq", "heads", None)), x)
     assert specs == [("dp", unconstrained, "tp", unconstrained)]
     with acts.activation_rules({"batch": ("dp", "tp"), "seq": "tp"}, AXES):
-        specs = _constraints(lambda v: acts.activation(v, ("batch", "seq", None, None)), x)
+        specs = constraints(lambda v: acts.activation(v, ("batch", "seq", None, None)), x)
     assert specs == [(unconstrained, "tp", unconstrained, unconstrained)]
 
 
@@ -117,7 +99,7 @@ def test_a_models_own_rules_fill_in_and_the_searchs_win():
             return acts.activation(v, ("batch", "seq"))
 
     with acts.activation_rules({"seq": "tp"}, AXES):
-        assert _constraints(lambda v: f(v), x) == [("dp", "tp")]
+        assert constraints(lambda v: f(v), x) == [("dp", "tp")]
 
 
 def test_points_are_found_by_one_trace_with_their_sizes():
@@ -161,7 +143,7 @@ def test_knobs_true_offers_one_knob_per_point_and_the_default_is_the_step(mesh24
     assert jaxpr_digest(jax.make_jaxpr(default)(*args)) == jaxpr_digest(
         jax.make_jaxpr(workload.step)(*args))
     sequence = ctx.knobs.step((("act_seq", "tp"),))
-    specs = _constraints(sequence, *args)
+    specs = constraints(sequence, *args)
     assert specs and all(s[1] == "tp" for s in specs if len(s) >= 3 and s[1] is not None)
     # Asked by name: only those, the others at their defaults.
     ctx, _ = make_context(workload, None, mesh24, knobs=("act_seq", "remat"))
@@ -182,7 +164,7 @@ def test_activation_sharding_is_one_point_of_the_space(mesh24):
         jax.make_jaxpr(fixed.step)(*args))
     # The search's choice overrides the model's own.
     ctx, _ = make_context(fixed, None, mesh24, knobs=("act_batch",))
-    over = _constraints(ctx.knobs.step((("act_batch", "tp"),)), *args)
+    over = constraints(ctx.knobs.step((("act_batch", "tp"),)), *args)
     assert over and all(s[0] == "tp" for s in over)
 
 
@@ -252,7 +234,7 @@ def test_a_users_step_is_searched_exported_and_rebuilt_from_its_plan(mesh24, tmp
     assert set(json.loads(path.read_text())["knobs"]) == {"act_batch", "act_hidden"}
     chosen = {n: v for n, v in plan.knobs.items() if v != "auto"}
     built = plan.build_step(user_step)
-    assert len(_constraints(built, *args)) == (1 if chosen else 0)
+    assert len(constraints(built, *args)) == (1 if chosen else 0)
     # Applied in the user's code: same numbers as the step as given.
     mesh_specs = plan.apply(args)
     placed = jax.device_put(args, jax.tree.map(
@@ -273,7 +255,7 @@ def test_a_plan_with_a_factorys_knobs_needs_the_factory(tmp_path, mesh24):
         plan.build_step(user_step)
     workload = get_workload("llama:tiny")
     built = plan.build_step(workload.knobs)
-    specs = _constraints(built, *workload.abstract())
+    specs = constraints(built, *workload.abstract())
     assert specs and all(s[1] == "tp" for s in specs if len(s) == 3)
 
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from jaxprs import constraints
 
 import shardsearch as ss
 from shardsearch.base import activations as acts
@@ -67,24 +68,6 @@ def _step_and_args():
     return ssf.train_step(model, optax.adamw(1e-2), _loss, x)
 
 
-def _constraints(fn, *args):
-    """The specs of the sharding constraints `fn` traces (nested jaxprs too)."""
-    found = []
-
-    def walk(jx):
-        for eqn in jx.eqns:
-            if eqn.primitive.name == "sharding_constraint":
-                found.append(tuple(eqn.params["sharding"].spec))
-            for value in eqn.params.values():
-                for item in value if isinstance(value, tuple | list) else (value,):
-                    inner = getattr(item, "jaxpr", item)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return found
-
-
 def test_points_are_the_models_names_with_their_sizes():
     step, args = _step_and_args()
     assert acts.points(step, args) == {"activation_batch": (8,), "activation_embed": (16,),
@@ -94,9 +77,9 @@ def test_points_are_the_models_names_with_their_sizes():
 def test_the_searchs_rules_place_them_and_outside_a_search_flax_runs():
     step, args = _step_and_args()
     # Outside a search: Flax's function, a no-op without Flax's rules.
-    assert _constraints(step, *args) == []
+    assert constraints(step, *args) == []
     with acts.activation_rules({"activation_mlp": "tp", "activation_batch": "dp"}, AXES):
-        specs = _constraints(lambda *a: step(*a), *args)
+        specs = constraints(lambda *a: step(*a), *args)
     # Forward: x and h; the backward pass carries the same constraints on the cotangents.
     assert ("dp", "tp") in specs and ("dp", UNCONSTRAINED) in specs
     assert set(specs) == {("dp", "tp"), ("dp", UNCONSTRAINED)}
@@ -114,11 +97,11 @@ def test_a_pinned_call_is_flaxs_own(mesh24):
                                           rules=pairs, mesh=mesh24)
 
     flaxs = nn.with_logical_constraint.__wrapped__
-    want = _constraints(lambda v: flaxs(v, ("activation_batch", "activation_mlp"),
+    want = constraints(lambda v: flaxs(v, ("activation_batch", "activation_mlp"),
                                         rules=pairs, mesh=mesh24), x)
     assert want == [("dp", "tp")]
     with acts.activation_rules({"activation_mlp": "dp"}, AXES):
-        assert _constraints(lambda v: pinned(v), x) == want
+        assert constraints(lambda v: pinned(v), x) == want
     seen = acts.points(pinned, (x,))
     assert seen == {}  # a pinned call is not a point the search could move
     # Every argument reaches Flax as given, positional ones too.
@@ -140,7 +123,7 @@ def test_unnamed_dims_are_whole_as_flax_keeps_them_and_too_many_names_are_refuse
     ssf.constraint_points()
     x = jax.ShapeDtypeStruct((8, 4, 32), jnp.float32)
     with acts.activation_rules({"activation_batch": "dp"}, AXES):
-        specs = _constraints(lambda v: nn.with_logical_constraint(
+        specs = constraints(lambda v: nn.with_logical_constraint(
             v, P("activation_batch", UNCONSTRAINED)), x)
     # Past the names, a dim is kept whole, as Flax's rules keep it; UNCONSTRAINED is XLA's.
     assert specs == [("dp", UNCONSTRAINED, None)]
@@ -183,7 +166,7 @@ def test_a_flax_step_is_searched_with_its_names_and_rebuilt_from_its_plan(mesh24
     plan = ss.load_plan(path)
     chosen = {n: v for n, v in plan.knobs.items() if v != "auto"}
     built = plan.build_step(step)
-    assert bool(_constraints(built, *args)) == bool(chosen)
+    assert bool(constraints(built, *args)) == bool(chosen)
     got = jax.jit(built)(*args)[1]["loss"]
     np.testing.assert_allclose(np.asarray(got), np.asarray(step(*args)[1]["loss"]), rtol=1e-5)
 
@@ -261,10 +244,10 @@ def test_flaxs_own_rules_place_the_constraints_as_the_search_traced_them(
     rules = ssf.rules_from_file(path)
     # The search's program: the knobs' rules on the step.
     rules_of = acts.split_setting(tuple((f"act_{n}", v) for n, v in placed.items()))[1]
-    ours = _constraints(acts.under_rules(step, rules_of, AXES), *args)
+    ours = constraints(acts.under_rules(step, rules_of, AXES), *args)
     # The user's program: Flax's function under the exported rules and a mesh.
     with jax.set_mesh(mesh24), nn.logical_axis_rules(rules):
-        theirs = _constraints(lambda *a: step(*a), *args)
+        theirs = constraints(lambda *a: step(*a), *args)
     assert len(theirs) == 5  # three constraints, two on the cotangents (x has none)
     assert _placed_specs(theirs) == _placed_specs(ours)
     if placed.get("activation_mlp") == "tp":
