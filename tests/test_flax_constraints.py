@@ -18,6 +18,7 @@ from jaxprs import constraints
 import shardsearch as ss
 from shardsearch.base import activations as acts
 from shardsearch.search import make_context
+from shardsearch.search.space.logical import split_rules
 
 if os.environ.get("CI") == "true":
     import flax.linen as nn  # under CI the flax extra is installed: a missing one fails
@@ -211,7 +212,6 @@ def _flax_file(step, args, mesh, placed, tmp_path, assignment=None):
     unless `assignment`), with the activation knobs `placed` and the step's
     Flax constraints, as export_config records them; written as flax-rules."""
     from shardsearch.search import plan_config
-    from shardsearch.search.space.logical import split_rules
 
     axes = ss.discover_logical_axes(step, args)
     assignment = assignment or {a.name: ("dp" if a.name == "batch" else None) for a in axes.axes}
@@ -250,6 +250,11 @@ def test_flaxs_own_rules_place_the_constraints_as_the_search_traced_them(
         theirs = constraints(lambda *a: step(*a), *args)
     assert len(theirs) == 5  # three constraints, two on the cotangents (x has none)
     assert _placed_specs(theirs) == _placed_specs(ours)
+    # The file reads back as the parameters' rule, its activation pairs aside.
+    assert ss.load_rule(path, mesh24).apply(args[0]) == split_rules(
+        mesh24, ss.discover_logical_axes(step, args), {
+            a.name: ("dp" if a.name == "batch" else None)
+            for a in ss.discover_logical_axes(step, args).axes})[0].apply(args[0])
     if placed.get("activation_mlp") == "tp":
         # mlp keeps tp at the hidden state, so length (an earlier dim) is XLA's there.
         assert P("dp", UNCONSTRAINED, "tp") in _placed_specs(ours)

@@ -599,7 +599,10 @@ def rule_from_logical_axis_rules(
             f"given has axes {tuple(bound.axis_names)}; use those axis names in that order "
             "(sizes may differ)")
     try:
-        rules = _pairs(data["rules"], "rules")
+        # A flax-rules file's pairs for the step's Flax constraints (the names
+        # under "unconstrained") place activations, not these leaves.
+        activations = set(data.get("unconstrained") or ())
+        rules = [p for p in _pairs(data["rules"], "rules") if p[0] not in activations]
         axes = [list(a) for a in data["axes"]]
         known = [a[0] for a in axes]
         unknown = [n for n, _ in rules if n not in known]
