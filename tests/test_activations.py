@@ -310,3 +310,37 @@ def test_a_point_no_axis_can_split_is_said_not_dropped(mesh24):
     with pytest.warns(ShardsearchWarning, match=r"act_rows: no group"):
         ctx, _ = make_context(odd_step, args, mesh24, knobs=True)
     assert set(ctx.knobs.searched()) == {"act_hidden"}
+
+
+def test_an_activation_may_follow_the_logical_assignment_of_its_name(mesh24):
+    """`act_<name>=logical`: the point goes where the candidate's logical
+    assignment puts the parameters' axis of that name (Flax's one placement
+    per name); in a rules-family candidate, XLA's."""
+    import optuna
+
+    from shardsearch.search.space.baselines import make_space
+
+    workload = get_workload("llama:tiny")
+    ctx, _ = make_context(workload, None, mesh24, knobs=("act_heads", "act_seq"))
+    space = make_space(mesh24, ctx.abstract_args[0], space="both", step=ctx.step,
+                       args=ctx.abstract_args, knobs=ctx.knobs)
+    knobs = {p.name: p.values() for p in space.params() if p.name.startswith("knob_")}
+    # heads is a logical axis the family assigns; seq, which it never places, is not.
+    assert knobs["knob_act_heads"][-1] == "logical" and "logical" not in knobs["knob_act_seq"]
+    assert space.joint_knobs() == {"act_heads"}
+
+    def candidate(family, heads):
+        chosen = {"family": family, "logical_heads": heads, "knob_act_heads": "logical",
+                  "knob_act_seq": "auto"}
+        values = {}
+        for param in space.params():
+            if param.applies(values):
+                values[param.name] = chosen.get(param.name, param.values()[0])
+        return space.suggest(optuna.trial.FixedTrial(values))
+
+    assert candidate("logical", "dp").knobs == (("act_heads", "dp"),)
+    assert candidate("logical", "-").knobs == (("act_heads", "-"),)
+    assert candidate("rules", None).knobs == ()  # no assignment: XLA's
+    # A space without the logical family offers no such value.
+    rules_only = make_space(mesh24, ctx.abstract_args[0], space="rules", knobs=ctx.knobs)
+    assert all("logical" not in p.values() for p in rules_only.params())

@@ -25,12 +25,15 @@ from typing import Any
 import optuna
 
 from ...base import mesh as _mesh
+from ...base.activations import AUTO as ACT_AUTO
+from ...base.activations import PREFIX as ACT_PREFIX
 from ...base.knobs import Knobs
 from ...logical.axes import LogicalAxes
 from ...rules.auto import AutoShardingRule
 from ...rules.base import ShardingRule
 from ...rules.batch import BatchShardingRule
 from ...rules.composite import CompositeShardingRule
+from ...rules.logical import LogicalAxisRule
 from ...rules.memory import MemoryConstrainedShardingRule
 from ...rules.optimizer import OptimizerStateRule
 from .candidate import Candidate
@@ -39,6 +42,7 @@ from .logical import (
     FamilyBlock,
     LogicalBlock,
     When,
+    batch_axis_names,
     group_choices,
     offered_axes,
     parse_key,
@@ -228,6 +232,11 @@ class OptimizerStateBlock(ParamBlock):
             draft, state_rule=OptimizerStateRule(draft.state_rule, axes, mesh=space.mesh))
 
 
+# The value an activation knob takes to follow the candidate's logical
+# assignment: the point's name placed as the parameters' axis of that name is.
+JOINT = "logical"
+
+
 @dataclasses.dataclass(frozen=True)
 class KnobBlock(ParamBlock):
     """`knob_<name>`: a value for each of the step's knobs that has a choice
@@ -235,15 +244,45 @@ class KnobBlock(ParamBlock):
     keywords), in declaration order; the candidate compiles the step they
     build (`Candidate.knobs`). The last block, in every family; in the space
     only when the search chooses knobs (`SearchSpace.knobs`).
+
+    An activation knob (`act_<name>`) whose name is also a logical axis of the
+    arguments takes one value more, `"logical"`: the activations of that name
+    go where the candidate's logical assignment puts the parameters' axis
+    (Flax's one placement per name), resolved here to that value, or to
+    `"auto"` in a candidate of the rules family or where it is no value of the
+    knob (a group that does not divide the activation).
     """
 
     def params(self, space: SearchSpace) -> tuple[Param, ...]:
-        return tuple(Param.categorical(f"knob_{name}", values)
+        joint = space.joint_knobs()
+        return tuple(Param.categorical(f"knob_{name}", (*values, JOINT) if name in joint
+                                       else values)
                      for name, values in space.knobs.searched().items())
 
     def build(self, space: SearchSpace, values: Mapping[str, Any], draft: Draft) -> Draft:
         chosen = {name: values[f"knob_{name}"] for name in space.knobs.searched()}
+        placed = _assigned(draft)
+        for name, value in chosen.items():
+            if value == JOINT:
+                # A name the assignment leaves out keeps the parameters' axis whole.
+                text = ACT_AUTO if placed is None else placed.get(name[len(ACT_PREFIX):], "-")
+                chosen[name] = text if text in space.knobs.choices[name] else ACT_AUTO
         return dataclasses.replace(draft, knobs=space.knobs.setting(chosen))
+
+
+def _assigned(draft: Draft) -> dict[str, str] | None:
+    """The draft's logical assignment as knob values (`"tp"`, `"dp,tp"`, `"-"`);
+    None when its rules are not logical."""
+    rules = [r.rule if isinstance(r, OptimizerStateRule) else r
+             for r in (draft.state_rule, draft.batch_rule)]
+    if not any(isinstance(r, LogicalAxisRule) for r in rules):
+        return None
+    out: dict[str, str] = {}
+    for rule in rules:
+        for name, entry in rule.assignment if isinstance(rule, LogicalAxisRule) else ():
+            out.setdefault(name, "-" if entry is None else entry if isinstance(entry, str)
+                           else ",".join(entry))
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,6 +406,15 @@ class SearchSpace:
         if self.space == "rules" or self.logical is None:
             return ()
         return offered_axes(self.logical, self.mesh, self.logical_max_axes)
+
+    def joint_knobs(self) -> frozenset[str]:
+        """The activation knobs that may follow the logical assignment (`JOINT`):
+        those of a name the logical family assigns (none for "rules")."""
+        if self.knobs is None or not self.logical_axes():
+            return frozenset()
+        names = {*self.logical_axes(), *batch_axis_names(self.logical)}
+        return frozenset(n for n in self.knobs.searched()
+                         if n.startswith(ACT_PREFIX) and n[len(ACT_PREFIX):] in names)
 
     def blocks(self) -> tuple[ParamBlock, ...]:
         """The parameter blocks, in the order their parameters are asked."""
