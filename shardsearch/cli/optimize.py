@@ -100,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="search the workload's step knobs too (remat policy, microbatches): "
                         "all of them, or those named (e.g. --knobs remat); the plan file "
                         "records the chosen values")
+    p.add_argument("--memory-prediction", choices=("cut", "record", "off"), default="cut",
+                   help="cut: predict each candidate's memory from the step's jaxpr and, once "
+                        "three compiled candidates calibrated it, cut those over the budget "
+                        "before compiling (default); record: predict and record only; off")
     p.add_argument("--start-from", action="append", default=[], metavar="PLAN",
                    help="a plan file to evaluate beside the baselines, labelled "
                         "plan:<file name> (an earlier winner, another space's, a smaller "
@@ -272,7 +276,8 @@ def options(a: argparse.Namespace, budget: int | None, objective: Any, hardware:
         repeats=a.repeats, confirm_rounds=a.confirm_rounds,
         compile_cache=None if a.no_compile_cache else a.compile_cache, quiet=a.quiet,
         space=a.space, execute_timeout=a.execute_timeout, verbose=a.verbose,
-        hardware=hardware, dcn_axes=a.dcn_axes, start_from=a.start_from, knobs=a.knobs)
+        hardware=hardware, dcn_axes=a.dcn_axes, start_from=a.start_from, knobs=a.knobs,
+        memory_prediction=a.memory_prediction)
 
 
 def search_shapes(a: argparse.Namespace, chosen: Any, budget: int | None, objective: Any,

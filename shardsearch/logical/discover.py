@@ -78,6 +78,18 @@ def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any],
         raise TypeError(f"discover_logical_axes takes the step's arguments as a tuple or "
                         f"list, got {type(args).__name__}; pass (state, batch)")
     args = tuple(args)
+    g, per_arg, leaf_ids = trace_graph(step, args, "discover_logical_axes")
+    return adopt(_assemble(g, per_arg, leaf_ids), _user_names(args, names))
+
+
+def trace_graph(step: Callable[..., Any], args: Sequence[Any], where: str,
+                ) -> tuple[DimGraph, list[list[Any]], list[list[int | None]]]:
+    """Traces `step(*args)` once and walks its jaxpr into a `DimGraph`.
+
+    Returns the graph, each argument's `(path, leaf)` pairs, and per argument
+    the value id of each leaf (None for a leaf that is not an array).
+    """
+    args = tuple(args)
     per_arg = [jax.tree_util.tree_flatten_with_path(a)[0] for a in args]
     leaves, treedef = jax.tree_util.tree_flatten(args)
     traced = [leaf_shape(x) is not None for x in leaves]
@@ -93,7 +105,7 @@ def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any],
     try:
         closed = jax.make_jaxpr(flat_step)(*abstract)
     except Exception as err:
-        err.add_note("discover_logical_axes: tracing the step with jax.make_jaxpr failed; "
+        err.add_note(f"{where}: tracing the step with jax.make_jaxpr failed; "
                      "the step must run on abstract arguments (jax.ShapeDtypeStruct)")
         raise
 
@@ -106,7 +118,7 @@ def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any],
             if shape is None:
                 ids.append(None)
                 continue
-            vid = g.value(shape)
+            vid = g.value(shape, _itemsize(x))
             if a == 0:
                 g.weights[vid] = None
             elif _is_integer(x):
@@ -114,7 +126,15 @@ def discover_logical_axes(step: Callable[..., Any], args: Sequence[Any],
             ids.append(vid)
         leaf_ids.append(ids)
     walk(g, closed, [vid for ids in leaf_ids for vid in ids if vid is not None])
-    return adopt(_assemble(g, per_arg, leaf_ids), _user_names(args, names))
+    return g, per_arg, leaf_ids
+
+
+def _itemsize(x: Any) -> int:
+    try:
+        dtype = getattr(x, "dtype", None)
+        return int(np.dtype(np.asarray(x).dtype if dtype is None else dtype).itemsize)
+    except TypeError:  # extended dtypes (PRNG keys)
+        return 0
 
 
 def _user_names(args: tuple[Any, ...], names: Sequence[Any] | None) -> list[list[Any]]:

@@ -12,11 +12,17 @@ Besides edges, the walk records evidence the naming reads (`logical.naming`):
 which dims are dot_general batch dims (and which of those batch a weight
 itself: stacked experts), an embedding's indexed dim, a one-hot class dim, a
 scan's stacked dim; and where a reshape merged several dims.
+
+The walk also keeps the program itself, as `Frame`s of `Op`s in the order
+they run: which value ids each equation reads and writes, and the bodies it
+runs. `cost.footprint` reads it for the live bytes of a step before anything
+compiles.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import networkx as nx
@@ -54,6 +60,33 @@ class Dot:
     contracting: tuple[Node, ...]
 
 
+@dataclasses.dataclass
+class Op:
+    """One equation as the walk met it: the value ids it reads and writes,
+    and the frames of the bodies it runs (a call's body, a scan's, a while's
+    cond and body, each branch of a cond), in the order walked."""
+
+    primitive: str
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+    bodies: list[Frame] = dataclasses.field(default_factory=list)
+    # (input index, output index) of each loop carry: a scan's or a while's
+    # result may take its input's buffer.
+    carried: tuple[tuple[int, int], ...] = ()
+    # A sharding constraint's mesh axes per dim of its output (None: XLA
+    # chooses that dim); None for other primitives.
+    constraint: tuple[tuple[str, ...] | None, ...] | None = None
+
+
+@dataclasses.dataclass
+class Frame:
+    """One walk of a jaxpr: its input ids, its equations in order, its output ids."""
+
+    ins: tuple[int, ...]
+    ops: list[Op] = dataclasses.field(default_factory=list)
+    outs: tuple[int, ...] = ()
+
+
 class DimGraph:
     """The values of a traced step, their dims and the couplings between them.
 
@@ -68,6 +101,9 @@ class DimGraph:
     def __init__(self) -> None:
         self.graph = nx.Graph()
         self.shapes: list[tuple[int, ...]] = []
+        self.itemsizes: list[int] = []  # bytes per element; 0 when not known
+        self.frames: list[Frame] = []   # the top-level walks, in order
+        self.op: Op | None = None       # the equation being walked, if any
         self.evidence: dict[str, list[Node]] = {kind: [] for kind in EVIDENCE}
         self.dots: list[Dot] = []
         self.merges: list[Merge] = []
@@ -78,13 +114,18 @@ class DimGraph:
         self.iotas: dict[int, None] = {}    # iota outputs
         self.weights: dict[int, None] = {}  # leaves of the state (argument 0)
 
-    def value(self, shape: Sequence[int]) -> int:
+    def value(self, shape: Sequence[int], itemsize: int = 0) -> int:
         """A new value id; its dims larger than 1 become nodes."""
         vid = len(self.shapes)
         shape = tuple(int(d) for d in shape)
         self.shapes.append(shape)
+        self.itemsizes.append(int(itemsize))
         self.graph.add_nodes_from((vid, d) for d, size in enumerate(shape) if size > 1)
         return vid
+
+    def nbytes(self, vid: int) -> int:
+        """The value's whole size in bytes (0 when its element size is not known)."""
+        return math.prod(self.shapes[vid]) * self.itemsizes[vid]
 
     def size(self, vid: int, dim: int) -> int:
         return self.shapes[vid][dim]

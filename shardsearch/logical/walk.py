@@ -22,7 +22,7 @@ from typing import Any
 
 from jax.extend import core as jcore
 
-from .graph import SCAN_LENGTH, DimGraph
+from .graph import SCAN_LENGTH, DimGraph, Frame, Op
 from .primitives import couple, elementwise
 
 # `call`: custom_partitioning's body, which computes what the op computes
@@ -39,16 +39,26 @@ def walk(g: DimGraph, jaxpr: Any, ins: Sequence[int]) -> list[int]:
     jaxpr, consts = _open(jaxpr)
     env: dict[Any, int] = {}
     for var, const in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = g.value(getattr(const, "shape", ()))
+        env[var] = g.value(getattr(const, "shape", ()), _itemsize(const))
     for var, vid in zip(jaxpr.invars, ins, strict=True):
         env[var] = vid
+    frame = Frame(tuple(ins))
+    (g.op.bodies if g.op is not None else g.frames).append(frame)
     for eqn in jaxpr.eqns:
         eqn_ins = [_atom(g, env, a) for a in eqn.invars]
-        eqn_outs = [g.value(_shape(v)) for v in eqn.outvars]
+        eqn_outs = [g.value(_shape(v), _itemsize(v.aval)) for v in eqn.outvars]
         for var, vid in zip(eqn.outvars, eqn_outs, strict=True):
             env[var] = vid
-        apply(g, eqn, eqn_ins, eqn_outs)
-    return [_atom(g, env, a) for a in jaxpr.outvars]
+        op = Op(eqn.primitive.name, tuple(eqn_ins), tuple(eqn_outs),
+                carried=_carried(eqn), constraint=_constraint(eqn))
+        frame.ops.append(op)
+        outer, g.op = g.op, op
+        try:
+            apply(g, eqn, eqn_ins, eqn_outs)
+        finally:
+            g.op = outer
+    frame.outs = tuple(_atom(g, env, a) for a in jaxpr.outvars)
+    return list(frame.outs)
 
 
 def apply(g: DimGraph, eqn: Any, ins: list[int], outs: list[int]) -> None:
@@ -81,9 +91,53 @@ def _shape(var: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in getattr(var.aval, "shape", ()))
 
 
+def _carried(eqn: Any) -> tuple[tuple[int, int], ...]:
+    """(input index, output index) of a scan's or a while's loop carries."""
+    p = eqn.params
+    if eqn.primitive.name == "scan":
+        first = p["num_consts"]
+        return tuple((first + k, k) for k in range(p["num_carry"]))
+    if eqn.primitive.name == "while":
+        first = p["cond_nconsts"] + p["body_nconsts"]
+        return tuple((first + k, k) for k in range(len(eqn.outvars)))
+    return ()
+
+
+def _constraint(eqn: Any) -> tuple[tuple[str, ...] | None, ...] | None:
+    """A sharding constraint's mesh axes per output dim (None where
+    unconstrained), or None when the equation is not one or names no spec."""
+    if eqn.primitive.name != "sharding_constraint" or not eqn.outvars:
+        return None
+    spec = getattr(eqn.params.get("sharding"), "spec", None)
+    if spec is None:
+        return None
+    rank = len(_shape(eqn.outvars[0]))
+    entries = list(spec) + [()] * (rank - len(spec))
+    return tuple(_entry_axes(e) for e in entries[:rank])
+
+
+def _entry_axes(entry: Any) -> tuple[str, ...] | None:
+    if entry is None:
+        return ()
+    if isinstance(entry, str):
+        return (entry,)
+    if isinstance(entry, tuple | list):
+        return tuple(str(a) for a in entry)
+    return None  # PartitionSpec.UNCONSTRAINED
+
+
+def _itemsize(aval: Any) -> int:
+    """Bytes per element of an abstract value or array (0 for tokens and keys
+    whose dtype has no plain size)."""
+    try:
+        return int(aval.dtype.itemsize)
+    except (AttributeError, TypeError):
+        return 0
+
+
 def _atom(g: DimGraph, env: dict[Any, int], atom: Any) -> int:
     if isinstance(atom, jcore.Literal):
-        return g.value(_shape(atom))
+        return g.value(_shape(atom), _itemsize(atom.aval))
     return env[atom]
 
 
@@ -118,7 +172,7 @@ def _inner_ins(g: DimGraph, jaxpr: Any, outer: Sequence[int]) -> list[int]:
         if _shape(var) == g.shapes[vid]:
             ids.append(vid)
         else:
-            inner = g.value(_shape(var))
+            inner = g.value(_shape(var), _itemsize(var.aval))
             _link(g, vid, inner)
             ids.append(inner)
     return ids
@@ -141,7 +195,7 @@ def _call(g: DimGraph, eqn: Any, ins: list[int], outs: list[int]) -> None:
 def _fresh(g: DimGraph, var: Any, outer: int, strip: int = 0) -> int:
     """A loop body's own id for one input, tied to the caller's value `outer`
     without its first `strip` dims (a scan's xs lose the stacked dim)."""
-    inner = g.value(_shape(var))
+    inner = g.value(_shape(var), _itemsize(var.aval))
     for d in range(g.rank(inner)):
         if d + strip < g.rank(outer):
             g.tie_equal(outer, d + strip, inner, d)

@@ -44,7 +44,13 @@ from .study.ownership import (
     interrupts_deferred,
     mark_interrupted,
 )
-from .study.record import TrialRecord, record_attrs, recorded_estimates, store_result
+from .study.record import (
+    TrialRecord,
+    memory_ratios,
+    record_attrs,
+    recorded_estimates,
+    store_result,
+)
 from .study.storage import (
     SAMPLER,
     close_storage,
@@ -149,6 +155,14 @@ def optimize(
         discovered once, here; for "both", a step they cannot be discovered
         for is searched with "rules" (with a `LogicalAxesWarning`). The
         default study name gains `/<space>` for "logical" and "both".
+      memory_prediction: "cut" (default): stage 1 predicts each candidate's
+        bytes per device from the step's jaxpr (`cost.footprint`: arguments
+        and live values under its specs and knobs), and once three compiled
+        candidates with the same knobs showed how XLA's total compares with
+        the prediction, cuts before compiling those over the budget (or the
+        chip's memory) even at the smallest ratio seen; "record": predict and
+        record only (`memory["predicted"]`), so every candidate compiles and
+        the prediction can be checked against XLA; "off": no prediction.
 
     Returns:
       An `OptimizeResult`; None in processes other than 0 of a
@@ -428,13 +442,16 @@ class _Runner:
             report = None if baseline else _reporter(trial)
             # From the study, not this process's records: a resumed study and
             # the other processes sharing it count too.
-            estimates = (recorded_estimates(self.study.get_trials(deepcopy=False))
-                         if self.ctx.objective.needs_estimates else ())
+            scales = self.ctx.memory_prediction == "cut" and self.ctx.memory_limit()
+            trials = (self.study.get_trials(deepcopy=False)
+                      if scales or self.ctx.objective.needs_estimates else ())
+            estimates = recorded_estimates(trials) if self.ctx.objective.needs_estimates else ()
+            ratios = memory_ratios(trials, candidate.knobs) if scales else ()
             # Recorded by the executor if it ends stuck in this candidate.
             with self.ctx.executor.guard(
                     lambda failed: self.record(trial, candidate, failed, start)):
                 outcome = _evaluate.evaluate(specs, fp, self.ctx.with_setting(candidate.knobs),
-                                             report, estimates=estimates)
+                                             report, estimates=estimates, ratios=ratios)
             notes = candidate.notes(self.ctx.abstract_args)
             if notes:
                 outcome = dataclasses.replace(outcome, notes=notes + outcome.notes)

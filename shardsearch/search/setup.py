@@ -48,6 +48,11 @@ if TYPE_CHECKING:
     from ..workloads import Workload
 
 
+# What stage 1 does with the memory a candidate's jaxpr predicts
+# (`Context.memory_prediction`).
+MEMORY_PREDICTIONS = ("cut", "record", "off")
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchSettings:
     """How one search runs: every option of `optimize`, checked when built.
@@ -64,7 +69,8 @@ class SearchSettings:
 
     Raises:
       ValueError: a field out of range (`n_trials < 0`, `timeout <= 0`, an
-        empty study name, an unknown space, `dcn_axes` that are not names,
+        empty study name, an unknown space or memory prediction, `dcn_axes`
+        that are not names,
         `execute_timeout <= 0`, negative warmup or confirm rounds, repeats < 1).
     """
 
@@ -92,6 +98,7 @@ class SearchSettings:
     dcn_axes: tuple[str, ...] = ()
     distributed: Distributed | None = None
     knobs: bool | tuple[str, ...] | None = None
+    memory_prediction: str = "cut"
 
     def __post_init__(self) -> None:
         if self.n_trials < 0 or (self.timeout is not None and self.timeout <= 0):
@@ -101,6 +108,9 @@ class SearchSettings:
             check_study_name(self.study_name)  # before the default could stand in for ""
         if self.space not in SPACES:
             raise ValueError(f"space={self.space!r}; choose one of {SPACES}")
+        if self.memory_prediction not in MEMORY_PREDICTIONS:
+            raise ValueError(f"optimize: memory_prediction={self.memory_prediction!r}; choose "
+                             f"one of {MEMORY_PREDICTIONS}")
         if not self.execute_timeout > 0:
             raise ValueError(f"optimize: execute_timeout must be a positive number of "
                              f"seconds, got {self.execute_timeout!r}")
@@ -407,7 +417,8 @@ def make_context(
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
                   verbose=settings.verbose, dcn_axes=dcn_axes, target=target,
                   knobs=knobs, steps=knobs.step if knobs is not None else None,
-                  flax_points=tuple(names for names, whole in named.items() if whole))
+                  flax_points=tuple(names for names, whole in named.items() if whole),
+                  memory_prediction=settings.memory_prediction)
     if scorer.uses_hardware:
         try:
             ctx.hardware_model()

@@ -72,6 +72,13 @@ class Context:
         in the study process, the programs it was sent in a worker; None
         when the step has no knobs.
       setting: the knob setting `step` was built for; `()`: the step as given.
+      memory_prediction: what stage 1 does with the memory the step's jaxpr
+        predicts for a candidate (`cost.footprint`): "cut" (cut it before
+        compiling when, scaled by what the study's compiled candidates showed,
+        it is over the budget; always recorded as `memory["predicted"]`),
+        "record" (record it, cut nothing on it) or "off" (do not trace for it).
+      programs: the step traced for the prediction, per knob setting (shared
+        by every context `with_setting` derives).
       flax_points: the step's Flax constraints, each point's names per dim
         (`base.activations.trace_points`, the points whose unnamed dims are
         whole), which the study records for a flax-rules export.
@@ -101,6 +108,8 @@ class Context:
     steps: Callable[[Setting], Callable[..., Any]] | None = None
     setting: Setting = ()
     flax_points: tuple[tuple[Any, ...], ...] = ()
+    memory_prediction: str = "cut"
+    programs: dict[Setting, Any] = dataclasses.field(default_factory=dict, repr=False)
     root: Context | None = dataclasses.field(default=None, repr=False)
 
     def with_setting(self, setting: Setting) -> Context:
@@ -143,6 +152,12 @@ class Context:
         """
         name = self.target.chip if self.target is not None else self.mesh.devices.flat[0].platform
         return hardware_for(name, self.hardware)
+
+    def memory_limit(self) -> int | None:
+        """The bytes per device a candidate must fit: the budget, or the chip's
+        memory where that is less; None when there is neither."""
+        limits = [b for b in (self.budget, self.chip_memory()) if b is not None]
+        return min(limits) if limits else None
 
     def chip_memory(self) -> int | None:
         """Bytes per device that no budget can raise: a target's memory (a

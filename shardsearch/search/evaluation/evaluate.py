@@ -2,7 +2,10 @@
 
 Each stage can end the evaluation, cheapest first:
   1. check   — the analyzer on the abstract arguments: invalid specs, or the
-               arguments alone over the per-device budget. Nothing compiles.
+               arguments alone over the per-device budget; then the bytes
+               the step's jaxpr keeps live (`cost.footprint`), scaled by what
+               the study's compiled candidates showed, over the memory limit.
+               Nothing compiles.
   2. compile — XLA's memory analysis (arguments + outputs + temporaries −
                aliased bytes) over the budget. Nothing runs.
   3. measure — timed repeats reported one by one; the caller's `report`
@@ -38,8 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ...base.mesh import axis_sizes
 from ...base.monitor import create_monitored_function
 from ...base.target import uncached
+from ...cost import footprint as _footprint
 from ...cost.program import ProgramCost, XlaMemory
 from ..space.candidate import Candidate
 from . import logs as _logs
@@ -97,22 +102,79 @@ def resolve(candidate: Candidate, ctx: Context) -> tuple[tuple[Any, ...] | None,
     return specs, fingerprint(specs, candidate.knobs)
 
 
-def check(specs: Sequence[Any], fp: str, ctx: Context) -> tuple[Outcome | None, int | None]:
-    """Stage 1: `(None, argument bytes per device)` when the specs pass, else
-    `(the cut Outcome, bytes or None)`."""
+def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] = (),
+          ) -> tuple[Outcome | None, dict[str, int]]:
+    """Stage 1: `(None, memory)` when the specs pass, else `(the cut Outcome,
+    memory)`; `memory` holds the argument bytes per device ("arguments") once
+    the specs are valid, and the jaxpr's prediction ("predicted", unless the
+    context's `memory_prediction` is "off" or the step cannot be traced for it).
+
+    Args:
+      ratios: XLA's total over the prediction, for the study's compiled
+        candidates with this knob setting (`study.record.memory_ratios`). With
+        `PREDICTION_SAMPLES` of them or more, a candidate whose prediction times
+        the smallest is over the memory limit is cut here: it would need more
+        than the limit even if XLA packed it as tightly, relative to the
+        prediction, as it packed any candidate it compiled so far.
+    """
     analyzer = ctx.analyzer
     issues = analyzer.validate_partition_specs(tuple(ctx.abstract_args), tuple(specs))
     if issues:
         more = f" (+{len(issues) - 1} more)" if len(issues) > 1 else ""
-        return Outcome(fp, CUT, Stage.CHECK, f"invalid specs: {issues[0]}{more}"), None
+        return Outcome(fp, CUT, Stage.CHECK, f"invalid specs: {issues[0]}{more}"), {}
     args_bytes = analyzer.estimate_memory_usage(
         tuple(ctx.abstract_args), tuple(specs))["size_per_device"]
+    memory = {"arguments": args_bytes}
     if ctx.budget is not None and args_bytes > ctx.budget:
         return Outcome(
             fp, CUT, Stage.CHECK,
             f"arguments need {args_bytes} bytes per device, over the budget of {ctx.budget}",
-            memory={"arguments": args_bytes}), args_bytes
-    return None, args_bytes
+            memory=memory), memory
+    predicted = predicted_bytes(specs, ctx)
+    if predicted is None:
+        return None, memory
+    memory["predicted"] = predicted
+    limit = ctx.memory_limit()
+    scale = min(ratios, default=0.0)
+    if (ctx.memory_prediction == "cut" and limit is not None
+            and len(ratios) >= PREDICTION_SAMPLES and predicted * scale > limit):
+        return Outcome(
+            fp, CUT, Stage.CHECK,
+            f"predicted before compiling to need {int(predicted * scale)} bytes per device "
+            f"(its arguments and the step's live values, {predicted}, times {scale:.2f}: "
+            f"the least XLA needed per predicted byte among the study's {len(ratios)} "
+            f"compiled candidates with these knobs), over {_limit_text(ctx, limit)}",
+            memory=memory), memory
+    return None, memory
+
+
+def _limit_text(ctx: Context, limit: int) -> str:
+    if ctx.budget is not None and limit == ctx.budget:
+        return f"the budget of {limit}"
+    return f"{ctx.target.chip if ctx.target else 'the chip'}'s memory of {limit}"
+
+
+# Compiled candidates (with the same knob setting) a study needs before stage 1
+# cuts on the predicted memory: fewer leave the scale too uncertain.
+PREDICTION_SAMPLES = 3
+
+
+def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
+    """The step's predicted bytes per device under `specs` (`cost.footprint`),
+    tracing the step once per knob setting; None when the context's
+    `memory_prediction` is "off" or the step cannot be traced for it."""
+    if ctx.memory_prediction == "off":
+        return None
+    programs = (ctx.root or ctx).programs
+    if ctx.setting not in programs:
+        try:
+            programs[ctx.setting] = _footprint.trace_program(ctx.step, ctx.abstract_args)
+        except Exception:  # a step it cannot walk keeps the compiler's word only
+            programs[ctx.setting] = None
+    program = programs[ctx.setting]
+    if program is None:
+        return None
+    return _footprint.predict(program, specs, axis_sizes(ctx.mesh)).total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +234,7 @@ def evaluate(
     report: Callable[[int, float], bool] | None = None,
     run: bool = True,
     estimates: Sequence[float] = (),
+    ratios: Sequence[float] = (),
 ) -> Outcome:
     """Runs stages 1 and 2 on resolved specs, then the objective; says what happened.
 
@@ -194,11 +257,13 @@ def evaluate(
         distinct candidate (`study.record.recorded_estimates`): what the
         "hybrid" objective compares this candidate with. They belong to this
         trial, so they travel with it (`CompiledCandidate.estimates`).
+      ratios: XLA's total over the predicted memory for the study's compiled
+        candidates with this knob setting (`check`), which travel with the
+        trial too.
     """
-    cut, args_bytes = check(specs, fp, ctx)
+    cut, memory = check(specs, fp, ctx, ratios)
     if cut is not None:
         return cut
-    memory = {"arguments": args_bytes}
     outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, report, run,
                                          tuple(estimates))
     if ctx.verbose:
@@ -488,7 +553,7 @@ def first_steps(specs: Sequence[Any], ctx: Context) -> str | None:
     Raises:
       Exception: whatever compiling or running the step raised.
     """
-    cut, _args_bytes = check(specs, "", ctx)
+    cut, _memory = check(specs, "", ctx)
     if cut is not None:
         return None
     compiled, _seconds = compile_step(specs, ctx)

@@ -39,8 +39,9 @@ class Outcome:
       warmup_times: the untimed warm-up steps before them, in order, timed
         the same way (the first includes the runtime's work on an
         executable's first run); stored only when there are some.
-      memory: per-device bytes: "arguments" (analyzer estimate) and, once
-        compiled, XLA's "argument", "output", "temp", "alias" and "total".
+      memory: per-device bytes: "arguments" (analyzer estimate), "predicted"
+        (stage 1's prediction from the jaxpr, `cost.footprint`, unscaled) and,
+        once compiled, XLA's "argument", "output", "temp", "alias" and "total".
       flops: flops per device per step: XLA's count with the matmul flops of
         the loop trips it leaves out added back (`ProgramCost.flops`); XLA's
         own count when the HLO text could not be read; None before compiling.

@@ -201,6 +201,30 @@ def recorded_estimates(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[floa
     return tuple(sorted(by_candidate.values()))
 
 
+def memory_ratios(trials: Iterable[optuna.trial.FrozenTrial],
+                  setting: Iterable[tuple[str, Any]] = ()) -> tuple[float, ...]:
+    """XLA's total bytes per device over stage 1's prediction, for the
+    trials with this knob setting whose candidate compiled, one per distinct
+    candidate: what stage 1 scales a prediction by (`evaluation.evaluate.check`).
+
+    Example:
+      >>> memory_ratios(study.get_trials(deepcopy=False), (("remat", "full"),))
+      (0.71, 0.93, 1.04)
+    """
+    wanted = dict(setting)
+    by_candidate: dict[str, float] = {}
+    for trial in trials:
+        outcome = trial.user_attrs.get(_attrs.OUTCOME) or {}
+        memory = outcome.get("memory") or {}
+        total, predicted = memory.get("total"), memory.get("predicted")
+        if not total or not predicted or \
+                dict(trial.user_attrs.get(_attrs.KNOBS) or {}) != wanted:
+            continue
+        key = outcome.get("fingerprint") or f"trial {trial.number}"
+        by_candidate.setdefault(key, total / predicted)
+    return tuple(by_candidate.values())
+
+
 def summarize(records: list[TrialRecord]) -> dict[str, int]:
     """Counts trials by outcome: completed, cut at each stage, failed, cache hits,
     and, only when there are some, those interrupted before they recorded an

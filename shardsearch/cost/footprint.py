@@ -1,0 +1,232 @@
+"""A step's bytes per device before it compiles: what its jaxpr keeps live.
+
+`trace_program(step, args)` traces the step once (a knob setting is its own
+program: remat keeps fewer residuals, microbatches a smaller batch per pass,
+activation rules add sharding constraints) and keeps its `DimGraph`
+(`logical.graph`), whose walk recorded every equation in the order it runs.
+`predict(program, specs, axis_sizes)` then prices one candidate:
+
+1. **Where each value is split.** The arguments' specs, and every sharding
+   constraint in the program, say which mesh axes split which dims. Each other
+   dim takes the axes of the nearest one of those the dataflow couples it to
+   (a breadth-first search over the graph's edges from all of them at once):
+   an activation's batch dim follows the batch's, the MLP hidden dim the
+   weight's column split. A value's bytes per device are its bytes over the
+   sizes of the distinct mesh axes on its dims that divide them.
+2. **What is live at once.** The equations run in order; a value lives from the
+   equation that makes it to the last one that reads it, a body's values
+   while its equation runs (a scan's stacked outputs the whole loop, a loop's
+   carry in its input's buffer when that input dies there). The new state takes
+   the donated state's buffers, as the compiled step's aliasing does.
+
+The figure is the arguments plus the most bytes live at once besides them.
+It counts every equation's output as if it were stored, where XLA fuses
+elementwise chains and reuses buffers, so it is an upper-biased estimate of
+XLA's own total; the search scales it by what the study's compiled candidates
+showed (`evaluation.evaluate.check`) before it cuts on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+
+from ..logical.discover import trace_graph
+from ..logical.graph import DimGraph, Frame, Node
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A step traced once for pricing: its graph and where its arguments are.
+
+    Attributes:
+      graph: the walked jaxpr (`logical.graph.DimGraph`), its program in `frames`.
+      leaves: per argument, the value id of each array leaf in flattening order
+        (None for a leaf that is not an array).
+      treedefs: per argument, its tree structure (specs are flattened up to it).
+    """
+
+    graph: DimGraph
+    leaves: tuple[tuple[int | None, ...], ...]
+    treedefs: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """Predicted bytes per device of one candidate.
+
+    Attributes:
+      arguments: the arguments' bytes per device under the specs.
+      live: the most bytes live at once besides the arguments.
+    """
+
+    arguments: int
+    live: int
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.live
+
+
+def trace_program(step: Callable[..., Any], args: Sequence[Any]) -> Program:
+    """Traces `step(*args)` (abstract arguments are enough) into a `Program`."""
+    g, _, leaf_ids = trace_graph(step, args, "memory prediction")
+    treedefs = tuple(jax.tree_util.tree_structure(a) for a in args)
+    return Program(g, tuple(tuple(ids) for ids in leaf_ids), treedefs)
+
+
+def predict(program: Program, specs: Sequence[Any], axis_sizes: Mapping[str, int]) -> Footprint:
+    """The candidate's predicted bytes per device (module docstring).
+
+    Args:
+      program: from `trace_program`.
+      specs: one spec tree per argument, `PartitionSpec` leaves.
+      axis_sizes: the mesh's axis sizes by name.
+
+    Raises:
+      ValueError: `specs` without one tree per argument, or of another structure.
+    """
+    if len(specs) != len(program.treedefs):
+        raise ValueError(f"memory prediction: {len(specs)} spec trees for "
+                         f"{len(program.treedefs)} arguments")
+    g = program.graph
+    seeds: dict[Node, tuple[str, ...]] = {}
+    for ids, treedef, tree in zip(program.leaves, program.treedefs, specs, strict=True):
+        for vid, spec in zip(ids, treedef.flatten_up_to(tree), strict=True):
+            if vid is not None:
+                _seed(seeds, vid, g.rank(vid), _spec_axes(spec))
+    for op in _ops(g.frames):
+        if op.constraint is not None and op.outs:
+            _seed(seeds, op.outs[0], g.rank(op.outs[0]), op.constraint)
+    axes = _spread(g, seeds)
+    divisor = _divisors(g, axes, axis_sizes)
+
+    def size(vid: int) -> int:
+        return g.nbytes(vid) // divisor.get(vid, 1)
+
+    arguments = sum(size(v) for ids in program.leaves for v in ids if v is not None)
+    state = [v for v in program.leaves[0] if v is not None] if program.leaves else []
+    live = max((_peak(frame, size, aliased=_aliased(frame, state, g)) for frame in g.frames),
+               default=0)
+    return Footprint(arguments, live)
+
+
+def _spec_axes(spec: Any) -> tuple[tuple[str, ...] | None, ...]:
+    if not isinstance(spec, PartitionSpec):
+        return ()
+    out: list[tuple[str, ...] | None] = []
+    for entry in spec:
+        if entry is None:
+            out.append(())
+        elif isinstance(entry, str):
+            out.append((entry,))
+        elif isinstance(entry, tuple | list):
+            out.append(tuple(entry))
+        else:
+            out.append(None)  # UNCONSTRAINED
+    return tuple(out)
+
+
+def _seed(seeds: dict[Node, tuple[str, ...]], vid: int, rank: int,
+          entries: Sequence[tuple[str, ...] | None]) -> None:
+    """Seeds every dim of `vid` a spec fixes (dims past the spec: whole)."""
+    padded = list(entries) + [()] * (rank - len(entries))
+    for d, axes in enumerate(padded[:rank]):
+        if axes is not None:
+            seeds[(vid, d)] = axes
+
+
+def _ops(frames: Sequence[Frame]) -> Any:
+    for frame in frames:
+        for op in frame.ops:
+            yield op
+            yield from _ops(op.bodies)
+
+
+def _spread(g: DimGraph, seeds: dict[Node, tuple[str, ...]]) -> dict[Node, tuple[str, ...]]:
+    """Each node the seeds reach takes the axes of the nearest seed (the first
+    seed in order on a tie)."""
+    found = dict(seeds)
+    queue = collections.deque(n for n in seeds if n in g.graph)
+    while queue:
+        node = queue.popleft()
+        for other in g.graph.neighbors(node):
+            if other not in found:
+                found[other] = found[node]
+                queue.append(other)
+    return found
+
+
+def _divisors(g: DimGraph, axes: Mapping[Node, tuple[str, ...]],
+              axis_sizes: Mapping[str, int]) -> dict[int, int]:
+    """Per value id, the number of shards it is split into: the distinct mesh
+    axes on its dims, each where it divides the dim's shard (first dims first)."""
+    by_value: dict[int, list[tuple[int, tuple[str, ...]]]] = {}
+    for (vid, d), names in axes.items():
+        if names:
+            by_value.setdefault(vid, []).append((d, names))
+    out: dict[int, int] = {}
+    for vid, dims in by_value.items():
+        used: set[str] = set()
+        total = 1
+        for d, names in sorted(dims):
+            extent = g.size(vid, d)
+            for name in names:
+                n = axis_sizes.get(name, 1)
+                if name in used or n <= 1 or extent % n:
+                    continue
+                used.add(name)
+                extent //= n
+                total *= n
+        if total > 1:
+            out[vid] = total
+    return out
+
+
+def _aliased(frame: Frame, state: Sequence[int], g: DimGraph) -> frozenset[int]:
+    """The top-level outputs that take a donated state leaf's buffer: the new
+    state, leaf for leaf where shape and element size agree."""
+    if frame.ins[:len(state)] != tuple(state):
+        return frozenset()
+    return frozenset(out for out, leaf in zip(frame.outs, state, strict=False)
+                     if g.shapes[out] == g.shapes[leaf]
+                     and g.itemsizes[out] == g.itemsizes[leaf])
+
+
+def _peak(frame: Frame, size: Callable[[int], int], aliased: frozenset[int] = frozenset()) -> int:
+    """The most bytes live at once in one walk of a jaxpr, its inputs, its
+    constants and its literals not counted (whoever runs it holds them)."""
+    last: dict[int, int] = {}
+    for i, op in enumerate(frame.ops):
+        for v in op.ins:
+            last[v] = i
+    for v in frame.outs:
+        last[v] = len(frame.ops)
+    alive: dict[int, int] = {}  # value id → bytes, for the values this frame made
+    live = peak = 0
+    for i, op in enumerate(frame.ops):
+        # A loop's result takes its carry's buffer when the carry dies here.
+        reuse = {op.outs[o]: op.ins[k] for k, o in op.carried
+                 if op.ins[k] in alive and last.get(op.ins[k]) == i}
+        new = {v: 0 if v in aliased else size(v)
+               for v in op.outs if v not in reuse and v not in alive}
+        made = sum(new.values())
+        inner = max((_peak(body, size) for body in op.bodies), default=0)
+        if op.bodies and not op.carried:
+            # A call: its body's peak already holds the values it returns.
+            peak = max(peak, live + max(made, inner))
+        else:
+            peak = max(peak, live + made + inner)
+        for out, src in reuse.items():
+            alive[out] = alive.pop(src)
+        alive.update(new)
+        live += made
+        for v in dict.fromkeys(op.ins + op.outs):
+            if v in alive and last.get(v, -1) <= i:
+                live -= alive.pop(v)
+    return max(peak, live)
