@@ -447,7 +447,20 @@ def _search(s: Mapping[str, Any]) -> str:
                     if s not in columns and t.get(s.summary_key))
     return (f"{cost}; {t['trials']} trials: "
             f"{t['completed']} / {', '.join(str(t.get(s.summary_key, 0)) for s in columns)} / "
-            f"{t['failed']} / {t['cache_hits']}{later}; {share} on cut")
+            f"{t['failed']} / {t['cache_hits']}{later}; {share} on cut{_prediction(s)}")
+
+
+def _prediction(s: Mapping[str, Any]) -> str:
+    """Stage 1's memory prediction in a search (`study.record.prediction_summary`);
+    nothing for records from before it existed."""
+    p = s.get("prediction")
+    if not p:
+        return ""
+    text = f"; prediction ({s.get('memory_prediction', 'cut')}): {p['cut_before_compile']} cut"
+    if p["judged"]:
+        text += (f", {p['agree']}/{p['judged']} verdicts agree ({p['false_cuts']} false cuts, "
+                 f"{p['missed']} missed)")
+    return text
 
 
 def entry_line(record: Mapping[str, Any]) -> str:

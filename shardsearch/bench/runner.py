@@ -51,7 +51,7 @@ from ..search.export import export_config
 from ..search.loop import optimize
 from ..search.setup import make_context
 from ..search.space.baselines import baseline_candidates
-from ..search.study.record import TrialRecord
+from ..search.study.record import TrialRecord, prediction_summary
 from ..search.study.storage import open_study
 from ..workloads import expert_plans, get_workload
 from . import published as _published
@@ -84,6 +84,7 @@ def run_suite(
     command: str = "",
     log: Callable[[str], None] = lambda line: None,
     start_from: str | Path | None = None,
+    memory_prediction: str = "cut",
 ) -> SuiteRun:
     """Runs the suite's entries that have no result yet, then rewrites the report.
 
@@ -105,6 +106,8 @@ def run_suite(
         the baselines (`optimize(start_from=...)`), so its winner is never
         worse than that plan in this run's search. Entries without one run
         as usual.
+      memory_prediction: what stage 1 does with a candidate's predicted memory
+        (`optimize(memory_prediction=...)`); recorded in each entry.
     """
     if start_from is not None and not Path(start_from).is_dir():
         raise ValueError(f"start plans: {start_from} is not a folder; give a folder of "
@@ -128,7 +131,8 @@ def run_suite(
             record = run_entry(suite, entry, folder, Path(rules_dir), trials=trials,
                                repeats=repeats, rounds=rounds, quiet=quiet, log=log,
                                previous=_report._read(target),
-                               start_from=None if start_from is None else Path(start_from))
+                               start_from=None if start_from is None else Path(start_from),
+                               memory_prediction=memory_prediction)
         except (RuntimeError, ValueError) as err:  # this entry's, not the suite's
             failed[entry.id] = f"{type(err).__name__}: {err}"
             log(f"{tag}: FAILED: {failed[entry.id]}")
@@ -199,7 +203,8 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
               rounds: int | None = None, quiet: bool = True,
               log: Callable[[str], None] = lambda line: None,
               previous: Mapping[str, Any] | None = None,
-              start_from: Path | None = None) -> dict[str, Any]:
+              start_from: Path | None = None,
+              memory_prediction: str = "cut") -> dict[str, Any]:
     """Searches one entry, compares every plan in one interleaved run, exports
     the winner; returns the entry's record (what `entries/<id>.json` holds).
 
@@ -244,7 +249,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         storage=storage, study_name=study_name, seed=entry.seed, warmup=suite.warmup,
         repeats=repeats, confirm_rounds=rounds or suite.rounds,
         hardware=hardware, quiet=quiet, space=entry.space, dcn_axes=entry.dcn_axes,
-        knobs=entry.knobs,
+        knobs=entry.knobs, memory_prediction=memory_prediction,
         start_from=[start_plan] if start_plan is not None else [])
     wall = time.perf_counter() - start
     log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
@@ -325,6 +330,8 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
             "earlier_runs": _earlier_runs(previous),
             "cut_seconds": cut_seconds,
             "cut_share": cut_seconds / trial_seconds if trial_seconds else None,
+            "memory_prediction": memory_prediction,
+            "prediction": prediction_summary(result.trials, ctx.memory_limit()),
             "compiles": result.compiles, "trials": result.summary(),
             "winner": {"label": result.best_label, "trial": win_trial,
                        "search_seconds": known[win_fp].value if win_fp in known else None},

@@ -58,6 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="timed steps per candidate in the search")
     quick.add_argument("--rounds", type=positive_int, metavar="N",
                        help="interleaved rounds of the comparison run")
+    quick.add_argument("--memory-prediction", choices=("cut", "record", "off"),
+                       default="cut",
+                       help="what stage 1 does with each candidate's memory predicted from the "
+                            "jaxpr (optimize --memory-prediction; default cut); record compiles "
+                            "every candidate, so the report counts the cuts that would be wrong")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -85,7 +90,7 @@ def run(a: argparse.Namespace) -> int:
     done = run_suite(suite, out=a.out, rules_dir=a.rules, entries=ids, force=a.force,
                      trials=a.trials, repeats=a.repeats, rounds=a.rounds, quiet=a.quiet,
                      command=command, log=lambda line: print(line, flush=True),
-                     start_from=a.start_from)
+                     start_from=a.start_from, memory_prediction=a.memory_prediction)
     for note in done.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"wrote {done.folder / 'results.md'}: {len(done.finished)} entries run, "
@@ -118,6 +123,8 @@ def command_line(a: argparse.Namespace) -> str:
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", str(value)]
     parts += [f"--{f}" for f in ("force", "quiet") if getattr(a, f)]
+    if a.memory_prediction != "cut":
+        parts += ["--memory-prediction", a.memory_prediction]
     return shlex.join(parts)
 
 

@@ -49,7 +49,7 @@ from ...cost.program import ProgramCost, XlaMemory
 from ..space.candidate import Candidate
 from . import logs as _logs
 from .context import Context, progress
-from .outcome import NONFINITE, Outcome, fingerprint
+from .outcome import NONFINITE, PREDICTED, PREDICTION_SAMPLES, Outcome, fingerprint
 from .stages import COMPLETE, CUT, FAILED, Stage, Status
 
 CLEAR_CACHES_EVERY = 20
@@ -140,7 +140,7 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
             and len(ratios) >= PREDICTION_SAMPLES and predicted * scale > limit):
         return Outcome(
             fp, CUT, Stage.CHECK,
-            f"predicted before compiling to need {int(predicted * scale)} bytes per device "
+            f"{PREDICTED} to need {int(predicted * scale)} bytes per device "
             f"(its arguments and the step's live values, {predicted}, times {scale:.2f}: "
             f"the least XLA needed per predicted byte among the study's {len(ratios)} "
             f"compiled candidates with these knobs), over {_limit_text(ctx, limit)}",
@@ -154,9 +154,6 @@ def _limit_text(ctx: Context, limit: int) -> str:
     return f"{ctx.target.chip if ctx.target else 'the chip'}'s memory of {limit}"
 
 
-# Compiled candidates (with the same knob setting) a study needs before stage 1
-# cuts on the predicted memory: fewer leave the scale too uncertain.
-PREDICTION_SAMPLES = 3
 
 
 def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:

@@ -23,8 +23,8 @@ from typing import Any
 
 import optuna
 
-from ..evaluation.outcome import Outcome
-from ..evaluation.stages import COMPLETE, FAILED, Stage
+from ..evaluation.outcome import PREDICTED, PREDICTION_SAMPLES, Outcome
+from ..evaluation.stages import COMPLETE, CUT, FAILED, Stage
 from . import attrs as _attrs
 from .ownership import INTERRUPTED, LABEL_ATTR, REASON_ATTR
 
@@ -223,6 +223,52 @@ def memory_ratios(trials: Iterable[optuna.trial.FrozenTrial],
         key = outcome.get("fingerprint") or f"trial {trial.number}"
         by_candidate.setdefault(key, total / predicted)
     return tuple(by_candidate.values())
+
+
+def prediction_summary(records: Iterable[TrialRecord], limit: int | None) -> dict[str, int]:
+    """How stage 1's memory prediction did in a study, against XLA's verdicts.
+
+    Each compiled candidate (a distinct one, in trial order) is judged as
+    stage 1 would have judged it then: its prediction times the least ratio
+    of XLA's total to the prediction among the compiled candidates before it
+    with the same knobs, once there are `PREDICTION_SAMPLES` of them. With
+    `memory_prediction="record"` nothing was cut on it, so every candidate
+    the rule would have cut was compiled and `false_cuts` counts those XLA
+    said fit; with "cut" those were cut instead (`cut_before_compile`) and
+    `missed` counts what XLA still found over the limit.
+
+    Returns:
+      `cut_before_compile` (trials stage 1 cut on the prediction), `judged`
+      (compiled candidates with enough samples before them), `over` (of those,
+      XLA's total over the limit), `flagged` (the prediction over it),
+      `agree`, `false_cuts` (flagged, XLA said fits) and `missed` (over, not
+      flagged). All zero without a limit.
+    """
+    out = dict.fromkeys(("cut_before_compile", "judged", "over", "flagged", "agree",
+                         "false_cuts", "missed"), 0)
+    seen: dict[str, None] = {}
+    ratios: dict[tuple[tuple[str, Any], ...], list[float]] = {}
+    for record in sorted(records, key=lambda r: r.number):
+        outcome = record.outcome
+        if outcome.cache_hit or not outcome.fingerprint or outcome.fingerprint in seen:
+            continue
+        seen[outcome.fingerprint] = None
+        if outcome.status == CUT and outcome.reason.startswith(PREDICTED):
+            out["cut_before_compile"] += 1
+        total, predicted = outcome.memory.get("total"), outcome.memory.get("predicted")
+        if limit is None or not total or not predicted:
+            continue
+        earlier = ratios.setdefault(tuple(record.knobs), [])
+        if len(earlier) >= PREDICTION_SAMPLES:
+            over, flagged = total > limit, predicted * min(earlier) > limit
+            out["judged"] += 1
+            out["over"] += over
+            out["flagged"] += flagged
+            out["agree"] += over == flagged
+            out["false_cuts"] += flagged and not over
+            out["missed"] += over and not flagged
+        earlier.append(total / predicted)
+    return out
 
 
 def summarize(records: list[TrialRecord]) -> dict[str, int]:
