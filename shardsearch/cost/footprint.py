@@ -4,16 +4,19 @@
 program: remat keeps fewer residuals, microbatches a smaller batch per pass,
 activation rules add sharding constraints) and keeps its `DimGraph`
 (`logical.graph`), whose walk recorded every equation in the order it runs.
-`predict(program, specs, axis_sizes)` then prices one candidate:
+`predict_footprint(program, specs, axis_sizes)` then prices one candidate:
 
-1. **Where each value is split.** The arguments' specs, and every sharding
-   constraint in the program, say which mesh axes split which dims. Each other
-   dim takes the axes of the nearest one of those the dataflow couples it to
-   (a breadth-first search over the graph's edges from all of them at once):
-   an activation's batch dim follows the batch's, the MLP hidden dim the
-   weight's column split. A value's bytes per device are its bytes over the
-   sizes of the distinct mesh axes on its dims that divide them.
-2. **What is live at once.** The equations run in order; a value lives from the
+1. **Where each value is split.** Every sharding constraint in the program,
+   then the arguments' specs, say which mesh axes split which dims. Each other
+   dim takes the axes of the nearest split one the dataflow couples it to (a
+   breadth-first search over the graph's edges), the constraints' first, as
+   XLA's propagation holds to them, then the arguments' where a constraint's
+   axis is taken by another dim of the value: an activation's batch dim
+   follows the batch's, the MLP hidden dim the weight's column split. A
+   value's bytes per device are its bytes over the sizes of the distinct
+   mesh axes on its dims that divide them.
+2. **What is live at once.** Broadcasts and iotas are not stored (XLA computes
+   them inside the fusion that reads them). The equations run in order; a value lives from the
    equation that makes it to the last one that reads it, a body's values
    while its equation runs (a scan's stacked outputs the whole loop, a loop's
    carry in its input's buffer when that input dies there). The new state takes
@@ -80,7 +83,8 @@ def trace_program(step: Callable[..., Any], args: Sequence[Any]) -> Program:
     return Program(g, tuple(tuple(ids) for ids in leaf_ids), treedefs)
 
 
-def predict(program: Program, specs: Sequence[Any], axis_sizes: Mapping[str, int]) -> Footprint:
+def predict_footprint(program: Program, specs: Sequence[Any],
+                      axis_sizes: Mapping[str, int]) -> Footprint:
     """The candidate's predicted bytes per device (module docstring).
 
     Args:
@@ -95,25 +99,48 @@ def predict(program: Program, specs: Sequence[Any], axis_sizes: Mapping[str, int
         raise ValueError(f"memory prediction: {len(specs)} spec trees for "
                          f"{len(program.treedefs)} arguments")
     g = program.graph
-    seeds: dict[Node, tuple[str, ...]] = {}
+    pinned: dict[Node, tuple[str, ...]] = {}
+    for op in _ops(g.frames):
+        if op.constraint is not None and op.outs:
+            _seed(pinned, op.outs[0], g.rank(op.outs[0]), op.constraint)
+    given: dict[Node, tuple[str, ...]] = {}
     for ids, treedef, tree in zip(program.leaves, program.treedefs, specs, strict=True):
         for vid, spec in zip(ids, treedef.flatten_up_to(tree), strict=True):
             if vid is not None:
-                _seed(seeds, vid, g.rank(vid), _spec_axes(spec))
-    for op in _ops(g.frames):
-        if op.constraint is not None and op.outs:
-            _seed(seeds, op.outs[0], g.rank(op.outs[0]), op.constraint)
-    axes = _spread(g, seeds)
+                _seed(given, vid, g.rank(vid), _spec_axes(spec))
+    axes = _spread(g, [pinned, given])
     divisor = _divisors(g, axes, axis_sizes)
 
+    fused = _fused(g.frames)
+
     def size(vid: int) -> int:
-        return g.nbytes(vid) // divisor.get(vid, 1)
+        return 0 if vid in fused else g.nbytes(vid) // divisor.get(vid, 1)
 
     arguments = sum(size(v) for ids in program.leaves for v in ids if v is not None)
     state = [v for v in program.leaves[0] if v is not None] if program.leaves else []
     live = max((_peak(frame, size, aliased=_aliased(frame, state, g)) for frame in g.frames),
                default=0)
     return Footprint(arguments, live)
+
+
+# Primitives whose outputs XLA computes inside the fusion that reads them
+# rather than storing them: a broadcast (a mask, a zero, a bias) and an iota.
+_FUSED = frozenset({"broadcast_in_dim", "iota"})
+
+
+def _fused(frames: Sequence[Frame], found: set[int] | None = None) -> set[int]:
+    """The values never stored on their own: the outputs of `_FUSED`
+    primitives, and a call's outputs that are such values in its body."""
+    found = set() if found is None else found
+    for frame in frames:
+        for op in frame.ops:
+            _fused(op.bodies, found)
+            if op.primitive in _FUSED:
+                found.update(op.outs)
+            elif len(op.bodies) == 1 and not op.carried:
+                found.update(out for out, inner in zip(op.outs, op.bodies[0].outs, strict=False)
+                             if inner in found)
+    return found
 
 
 def _spec_axes(spec: Any) -> tuple[tuple[str, ...] | None, ...]:
@@ -148,41 +175,61 @@ def _ops(frames: Sequence[Frame]) -> Any:
             yield from _ops(op.bodies)
 
 
-def _spread(g: DimGraph, seeds: dict[Node, tuple[str, ...]]) -> dict[Node, tuple[str, ...]]:
-    """Each node the seeds reach takes the axes of the nearest seed (the first
-    seed in order on a tie)."""
-    found = dict(seeds)
-    queue = collections.deque(n for n in seeds if n in g.graph)
-    while queue:
-        node = queue.popleft()
-        for other in g.graph.neighbors(node):
-            if other not in found:
-                found[other] = found[node]
-                queue.append(other)
-    return found
+def _spread(g: DimGraph, tiers: Sequence[dict[Node, tuple[str, ...]]],
+            ) -> dict[Node, list[tuple[str, ...]]]:
+    """Each node's candidate axes, best first: a seeded node its seed's only;
+    any other node, per tier in order, the axes of the nearest split seed of
+    that tier that reaches it through unseeded nodes (the first in order on a
+    tie). A seed that keeps its dim whole (a replicated weight's) stays whole
+    but spreads nothing: XLA keeps an activation split by the batch even where
+    it meets a replicated weight."""
+    seeded: dict[Node, tuple[str, ...]] = {}
+    for tier in tiers:
+        for node, axes in tier.items():
+            seeded.setdefault(node, axes)
+    options: dict[Node, list[tuple[str, ...]]] = {n: [a] for n, a in seeded.items()}
+    for tier in tiers:
+        reached: dict[Node, tuple[str, ...]] = {}
+        queue = collections.deque(n for n, axes in tier.items()
+                                  if axes and seeded[n] == axes and n in g.graph)
+        while queue:
+            node = queue.popleft()
+            axes = seeded.get(node) or reached[node]
+            for other in g.graph.neighbors(node):
+                if other not in seeded and other not in reached:
+                    reached[other] = axes
+                    queue.append(other)
+        for node, axes in reached.items():
+            options.setdefault(node, []).append(axes)
+    return options
 
 
-def _divisors(g: DimGraph, axes: Mapping[Node, tuple[str, ...]],
+def _divisors(g: DimGraph, options: Mapping[Node, list[tuple[str, ...]]],
               axis_sizes: Mapping[str, int]) -> dict[int, int]:
-    """Per value id, the number of shards it is split into: the distinct mesh
-    axes on its dims, each where it divides the dim's shard (first dims first)."""
-    by_value: dict[int, list[tuple[int, tuple[str, ...]]]] = {}
-    for (vid, d), names in axes.items():
-        if names:
-            by_value.setdefault(vid, []).append((d, names))
+    """Per value id, the number of shards it is split into: dim by dim (first
+    dims first), the first of the dim's candidate axes that still split it
+    (mesh axes another dim of the value took, or that do not divide, dropped)."""
+    by_value: dict[int, list[tuple[int, list[tuple[str, ...]]]]] = {}
+    for (vid, d), choices in options.items():
+        if any(choices):
+            by_value.setdefault(vid, []).append((d, choices))
     out: dict[int, int] = {}
     for vid, dims in by_value.items():
         used: set[str] = set()
         total = 1
-        for d, names in sorted(dims):
-            extent = g.size(vid, d)
-            for name in names:
-                n = axis_sizes.get(name, 1)
-                if name in used or n <= 1 or extent % n:
-                    continue
-                used.add(name)
-                extent //= n
-                total *= n
+        for d, choices in sorted(dims):
+            for names in choices:
+                extent, taken = g.size(vid, d), []
+                for name in names:
+                    n = axis_sizes.get(name, 1)
+                    if name in used or n <= 1 or extent % n:
+                        continue
+                    taken.append(name)
+                    extent //= n
+                    total *= n
+                if taken:
+                    used.update(taken)
+                    break
         if total > 1:
             out[vid] = total
     return out
@@ -223,7 +270,11 @@ def _peak(frame: Frame, size: Callable[[int], int], aliased: frozenset[int] = fr
         else:
             peak = max(peak, live + made + inner)
         for out, src in reuse.items():
-            alive[out] = alive.pop(src)
+            # The carry's buffer, grown to the result where the carry was not
+            # stored before (a loop's zeros).
+            grow = max(0, (0 if out in aliased else size(out)) - alive[src])
+            alive[out] = alive.pop(src) + grow
+            made += grow
         alive.update(new)
         live += made
         for v in dict.fromkeys(op.ins + op.outs):

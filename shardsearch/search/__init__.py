@@ -11,21 +11,26 @@ is behind it, laid out by job (docs/architecture.md):
   interleaved re-timing (`retime`, `Timing`, `median_ci`, `faster_than`) and
   the output check (`compare_outputs`).
 - `execution/`: where candidates run: the `Executor` protocol, `InProcess`.
-- `study/`: `TrialRecord`, `make_sampler`, `confirm_study`'s storage.
+- `study/`: `TrialRecord`, `make_sampler`, `confirm_study`'s storage,
+  `prediction_summary` (stage 1's memory verdicts against XLA's).
 - The driver: `SearchSettings`, `make_context`, `StudySetup`, `prepare`,
   `optimize`, `OptimizeResult`, `NothingCompleted` (no candidate completed:
   no winner), `export_config`, `confirm_study`.
 
 Also re-exported for extensions: `ProgramCost` and `Topology` (what a
 `HardwareModel` subclass prices), `registered_kinds` and `rule_from_config`
-(rule kinds), `plan_config` (a plan's data without writing it) and
-`parse_bytes`.
+(rule kinds), `plan_config` (a plan's data without writing it),
+`parse_bytes`, and stage 1's memory prediction (`trace_program`,
+`predict_footprint`, `Footprint`).
 """
 
 from ..base.target import TargetUnavailable as TargetUnavailable
 from ..base.target import target_of as target_of
 from ..base.target import uncached as uncached
 from ..base.units import parse_bytes as parse_bytes
+from ..cost.footprint import Footprint as Footprint
+from ..cost.footprint import predict_footprint as predict_footprint
+from ..cost.footprint import trace_program as trace_program
 from ..cost.hlo import parse_hlo as parse_hlo
 from ..cost.program import ProgramCost as ProgramCost
 from ..cost.topology import Topology as Topology
@@ -67,17 +72,58 @@ from .space.baselines import make_space as make_space
 from .space.candidate import Candidate as Candidate
 from .space.searchspace import SearchSpace as SearchSpace
 from .study.record import TrialRecord as TrialRecord
+from .study.record import prediction_summary as prediction_summary
 from .study.storage import make_sampler as make_sampler
 
 __all__ = [
-    "OBJECTIVES", "Candidate", "Context", "Executor", "Hybrid", "InProcess", "NothingCompleted",
+    "OBJECTIVES",
+    "Candidate",
+    "Context",
+    "Executor",
+    "Footprint",
+    "Hybrid",
+    "InProcess",
+    "NothingCompleted",
     "Objective",
-    "OptimizeResult", "Outcome", "ProgramCost", "SearchSettings", "SearchSpace", "ShapeWarning",
+    "OptimizeResult",
+    "Outcome",
+    "ProgramCost",
+    "SearchSettings",
+    "SearchSpace",
+    "ShapeWarning",
     "Stage",
-    "Status", "StudySetup", "TargetUnavailable", "Timing", "Topology", "TrialRecord",
-    "baseline_candidates", "baseline_plans", "compare_outputs", "confirm_study", "evaluate",
-    "export_config", "faster_than", "fingerprint", "get_objective", "make_context",
-    "make_sampler", "make_space", "median_ci", "optimize", "parse_bytes", "parse_hlo",
-    "plan_config", "prepare", "register_objective", "registered_kinds", "resolve", "retime",
-    "rule_from_config", "target_of", "uncached",
+    "Status",
+    "StudySetup",
+    "TargetUnavailable",
+    "Timing",
+    "Topology",
+    "TrialRecord",
+    "baseline_candidates",
+    "baseline_plans",
+    "compare_outputs",
+    "confirm_study",
+    "evaluate",
+    "export_config",
+    "faster_than",
+    "fingerprint",
+    "get_objective",
+    "make_context",
+    "make_sampler",
+    "make_space",
+    "median_ci",
+    "optimize",
+    "parse_bytes",
+    "parse_hlo",
+    "plan_config",
+    "predict_footprint",
+    "prediction_summary",
+    "prepare",
+    "register_objective",
+    "registered_kinds",
+    "resolve",
+    "retime",
+    "rule_from_config",
+    "target_of",
+    "trace_program",
+    "uncached",
 ]

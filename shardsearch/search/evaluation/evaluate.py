@@ -49,7 +49,14 @@ from ...cost.program import ProgramCost, XlaMemory
 from ..space.candidate import Candidate
 from . import logs as _logs
 from .context import Context, progress
-from .outcome import NONFINITE, PREDICTED, PREDICTION_SAMPLES, Outcome, fingerprint
+from .outcome import (
+    NONFINITE,
+    PREDICTED,
+    PREDICTION_MARGIN,
+    PREDICTION_SAMPLES,
+    Outcome,
+    fingerprint,
+)
 from .stages import COMPLETE, CUT, FAILED, Stage, Status
 
 CLEAR_CACHES_EVERY = 20
@@ -137,7 +144,8 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
     limit = ctx.memory_limit()
     scale = min(ratios, default=0.0)
     if (ctx.memory_prediction == "cut" and limit is not None
-            and len(ratios) >= PREDICTION_SAMPLES and predicted * scale > limit):
+            and len(ratios) >= PREDICTION_SAMPLES
+            and predicted * scale > limit * PREDICTION_MARGIN):
         return Outcome(
             fp, CUT, Stage.CHECK,
             f"{PREDICTED} to need {int(predicted * scale)} bytes per device "
@@ -171,7 +179,7 @@ def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
     program = programs[ctx.setting]
     if program is None:
         return None
-    return _footprint.predict(program, specs, axis_sizes(ctx.mesh)).total
+    return _footprint.predict_footprint(program, specs, axis_sizes(ctx.mesh)).total
 
 
 @dataclasses.dataclass(frozen=True)

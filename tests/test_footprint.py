@@ -1,0 +1,175 @@
+"""Stage 1's memory prediction: live bytes of the step's jaxpr under a candidate's
+specs (`cost.footprint`), and the cut it allows before compiling."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardsearch as ss
+from shardsearch.cost.footprint import predict_footprint as predict
+from shardsearch.cost.footprint import trace_program
+from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.evaluation.outcome import PREDICTED, PREDICTION_MARGIN, Outcome
+from shardsearch.search.evaluation.stages import COMPLETE, CUT, Stage
+from shardsearch.search.setup import SearchSettings, make_context
+from shardsearch.search.space.baselines import baseline_candidates
+from shardsearch.search.study.record import TrialRecord, prediction_summary
+from shardsearch.workloads import expert_plans, get_workload
+
+F32 = jnp.float32
+
+
+def _sds(*shape):
+    return jax.ShapeDtypeStruct(shape, F32)
+
+
+def test_live_bytes_of_a_chain_follow_last_uses_and_the_donated_state():
+    def step(x, y):
+        a = x * 2.0       # 4 KiB
+        b = a + 1.0       # 4 KiB while a is still live, then a dies
+        return b * y      # the new state: takes x's buffer
+
+    program = trace_program(step, (_sds(1024), _sds(1024)))
+    whole = predict(program, (P(), P()), {"x": 4})
+    assert (whole.arguments, whole.live) == (8192, 8192)
+    # Split 4 ways, every value of the chain is split with its operands.
+    split = predict(program, (P("x"), P("x")), {"x": 4})
+    assert (split.arguments, split.live, split.total) == (2048, 2048, 4096)
+
+
+def test_a_matmuls_output_takes_the_batch_split_of_one_operand_and_the_column_split_of_the_other():
+    def step(w, x):
+        h = x @ w                    # [8, 32]: dp from x's rows, tp from w's columns
+        return w, jnp.sum(h)
+
+    program = trace_program(step, (_sds(16, 32), _sds(8, 16)))
+    sizes = {"dp": 2, "tp": 4}
+    megatron = predict(program, (P(None, "tp"), P("dp")), sizes)
+    # w 2048 B / 4 + x 512 B / 2; h 1024 B / 8 beside the 4-byte sum.
+    assert (megatron.arguments, megatron.live) == (512 + 256, 128 + 4)
+    replicated = predict(program, (P(), P()), sizes)
+    assert (replicated.arguments, replicated.live) == (2560, 1024 + 4)
+    # A contracting dim's split does not reach the output.
+    rows = predict(program, (P("tp"), P()), sizes)
+    assert rows.live == 1024 + 4
+
+
+def test_a_sharding_constraint_inside_the_step_splits_what_it_constrains(mesh24):
+    def step(x):
+        h = jnp.tanh(x) * 3.0
+        h = jax.lax.with_sharding_constraint(h, jax.sharding.NamedSharding(mesh24, P("tp")))
+        return jnp.exp(h) + 1.0
+
+    free = trace_program(lambda x: jnp.exp(jnp.tanh(x) * 3.0) + 1.0, (_sds(64, 64),))
+    pinned = trace_program(step, (_sds(64, 64),))
+    sizes = {"dp": 2, "tp": 4}
+    assert predict(pinned, (P(),), sizes).live < predict(free, (P(),), sizes).live
+
+
+def test_knobs_sharding_and_microbatches_each_change_a_workloads_prediction(mesh24):
+    w = get_workload("gpt:small")
+    args = w.abstract()
+    sizes = {"dp": 2, "tp": 4}
+    plans = expert_plans(w, mesh24).plans
+
+    def total(setting, plan):
+        program = trace_program(w.knobs.step(w.knobs.setting(setting)), args)
+        return predict(program, plans[plan].specs(args, mesh24), sizes)
+
+    plain = total({}, "replicated")
+    assert total({}, "dp").live < plain.live / 2          # the activations follow the batch
+    assert total({}, "fsdp").arguments < plain.arguments / 4
+    assert total({"remat": "full"}, "replicated").live < plain.live / 2
+    assert total({"microbatches": 2}, "replicated").live < plain.live
+
+
+def _static_context(mesh, **settings):
+    ctx, _ = make_context(get_workload("gpt:tiny"), None, mesh,
+                          SearchSettings(objective="static", **settings))
+    specs, fp = _evaluate.resolve(baseline_candidates(None, mesh)["default"], ctx)
+    return ctx, specs, fp
+
+
+def test_stage_one_cuts_on_the_scaled_prediction_only_with_enough_compiled_samples(mesh24):
+    ctx, specs, fp = _static_context(mesh24)
+    none, memory = _evaluate.check(specs, fp, ctx)
+    predicted = memory["predicted"]
+    assert none is None and predicted > memory["arguments"] > 0
+    tight = dataclasses.replace(ctx, budget=int(predicted / PREDICTION_MARGIN) - 1)
+    # Two samples are not enough to scale by; three are.
+    assert _evaluate.check(specs, fp, tight, ratios=(1.0, 1.0))[0] is None
+    cut, memory = _evaluate.check(specs, fp, tight, ratios=(1.0, 1.5, 1.2))
+    assert (cut.status, cut.cut_stage) == (CUT, Stage.CHECK)
+    assert cut.reason.startswith(PREDICTED) and "over the budget of" in cut.reason
+    assert cut.memory["predicted"] == predicted
+    # Scaled down by the least ratio seen, it is within the margin: left to XLA.
+    assert _evaluate.check(specs, fp, tight, ratios=(0.9, 1.5, 1.2))[0] is None
+    assert PREDICTION_MARGIN > 1
+    # "record" predicts but never cuts on it; "off" does not predict.
+    record = dataclasses.replace(tight, memory_prediction="record")
+    none, memory = _evaluate.check(specs, fp, record, ratios=(1.0, 1.0, 1.0))
+    assert none is None and memory["predicted"] == predicted
+    off = dataclasses.replace(tight, memory_prediction="off", programs={})
+    assert "predicted" not in _evaluate.check(specs, fp, off, ratios=(1.0, 1.0, 1.0))[1]
+
+
+def test_a_search_cuts_before_compiling_what_xla_would_have_cut(mesh24, tmp_path):
+    # mlp:tiny on dp=2,tp=4: XLA fits default and fsdp_tp in 45 kB per device,
+    # not replicated, dp, fsdp or megatron; by trial 7 (the first searched one)
+    # the study has 3 compiled candidates to scale its predictions by, and that
+    # trial's prediction is more than PREDICTION_MARGIN over once scaled.
+    budget = 45_000
+    runs = {mode: ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=8,
+                              objective="static", memory_budget=budget,
+                              memory_prediction=mode, quiet=True, confirm_rounds=0,
+                              storage=f"sqlite:///{tmp_path / mode}.db")
+            for mode in ("record", "cut")}
+    recorded = {t.outcome.fingerprint: t.outcome for t in runs["record"].trials}
+    assert not any(o.reason.startswith(PREDICTED) for o in recorded.values())
+    assert all("predicted" in o.memory for o in recorded.values() if "total" in o.memory)
+    cut = [t.outcome for t in runs["cut"].trials if t.outcome.reason.startswith(PREDICTED)]
+    assert cut and all(o.cut_stage == Stage.CHECK and o.compile_seconds == 0 for o in cut)
+    for outcome in cut:
+        # The same candidate, compiled in the run that only recorded: XLA's
+        # verdict was the prediction's.
+        compiled = recorded[outcome.fingerprint]
+        assert compiled.compile_seconds > 0 and compiled.memory["total"] > budget
+        assert compiled.memory["predicted"] == outcome.memory["predicted"]
+    summary = prediction_summary(runs["cut"].trials, budget)
+    assert summary["cut_before_compile"] == len(cut)
+    judged = prediction_summary(runs["record"].trials, budget)
+    assert judged["cut_before_compile"] == 0 and judged["flagged"] >= len(cut)
+    assert judged["false_cuts"] == 0
+    assert judged["agree"] + judged["false_cuts"] + judged["missed"] == judged["judged"]
+
+
+def _record(number, total, predicted, knobs=()):
+    outcome = Outcome(f"fp{number}", COMPLETE, memory={"total": total, "predicted": predicted})
+    return TrialRecord(number, "search", {}, outcome, {}, {}, 0.0, knobs)
+
+
+def test_the_prediction_summary_judges_each_candidate_by_the_samples_before_it():
+    # margin 1: the verdict is the scaled prediction against the limit itself.
+    records = [_record(0, 100, 100), _record(1, 80, 100), _record(2, 90, 100),
+               # scale 0.8 from here: 0.8 * 200 > 150 flagged, and XLA agrees
+               _record(3, 170, 200),
+               # flagged (0.8 * 250 = 200 > 150) but XLA fit it: a false cut
+               _record(4, 140, 250),
+               # not flagged (0.8 * 150 = 120) but over: missed
+               _record(5, 160, 150),
+               # another knob setting has no samples yet: not judged
+               _record(6, 500, 100, (("remat", "full"),))]
+    assert prediction_summary(records, 150, margin=1.0) == {
+        "cut_before_compile": 0, "judged": 3, "over": 2, "flagged": 2, "agree": 1,
+        "false_cuts": 1, "missed": 1}
+    assert prediction_summary(records, None)["judged"] == 0
+    # With a margin, only the prediction far over the limit is flagged.
+    assert prediction_summary(records, 150, margin=1.3)["flagged"] == 1
+
+
+def test_an_unknown_memory_prediction_is_refused():
+    with pytest.raises(ValueError, match="memory_prediction='maybe'; choose one of"):
+        SearchSettings(memory_prediction="maybe")
