@@ -2,6 +2,7 @@
 specs (`cost.footprint`), and the cut it allows before compiling."""
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
+from shardsearch.base.warnings import ShardsearchWarning
 from shardsearch.cost.footprint import predict_footprint as predict
 from shardsearch.cost.footprint import trace_program
 from shardsearch.search.evaluation import evaluate as _evaluate
@@ -112,7 +114,7 @@ def test_stage_one_cuts_on_the_scaled_prediction_only_with_enough_compiled_sampl
     record = dataclasses.replace(tight, memory_prediction="record")
     none, memory = _evaluate.check(specs, fp, record, ratios=(1.0, 1.0, 1.0))
     assert none is None and memory["predicted"] == predicted
-    off = dataclasses.replace(tight, memory_prediction="off", programs={})
+    off = dataclasses.replace(tight, memory_prediction="off", traced={})
     assert "predicted" not in _evaluate.check(specs, fp, off, ratios=(1.0, 1.0, 1.0))[1]
 
 
@@ -173,3 +175,18 @@ def test_the_prediction_summary_judges_each_candidate_by_the_samples_before_it()
 def test_an_unknown_memory_prediction_is_refused():
     with pytest.raises(ValueError, match="memory_prediction='maybe'; choose one of"):
         SearchSettings(memory_prediction="maybe")
+
+
+def test_a_step_it_cannot_predict_is_said_once_and_left_to_the_compiler(mesh24, monkeypatch):
+    ctx, specs, fp = _static_context(mesh24)
+
+    def untraceable(step, args):
+        raise TypeError("a primitive the walk cannot follow")
+
+    monkeypatch.setattr(_evaluate._footprint, "trace_program", untraceable)
+    with pytest.warns(ShardsearchWarning, match="cannot be predicted before compiling"):
+        cut, memory = _evaluate.check(specs, fp, ctx, ratios=(9.0, 9.0, 9.0))
+    assert cut is None and "predicted" not in memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not said again for the same knobs
+        assert "predicted" not in _evaluate.check(specs, fp, ctx)[1]

@@ -77,8 +77,8 @@ class Context:
         compiling when, scaled by what the study's compiled candidates showed,
         it is over the budget; always recorded as `memory["predicted"]`),
         "record" (record it, cut nothing on it) or "off" (do not trace for it).
-      programs: the step traced for the prediction, per knob setting (shared
-        by every context `with_setting` derives).
+      traced: the step traced for the memory prediction, per knob setting
+        (shared by every context `with_setting` derives).
       flax_points: the step's Flax constraints, each point's names per dim
         (`base.activations.trace_points`, the points whose unnamed dims are
         whole), which the study records for a flax-rules export.
@@ -109,7 +109,7 @@ class Context:
     setting: Setting = ()
     flax_points: tuple[tuple[Any, ...], ...] = ()
     memory_prediction: str = "cut"
-    programs: dict[Setting, Any] = dataclasses.field(default_factory=dict, repr=False)
+    traced: dict[Setting, Any] = dataclasses.field(default_factory=dict, repr=False)
     root: Context | None = dataclasses.field(default=None, repr=False)
 
     def with_setting(self, setting: Setting) -> Context:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,9 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ...base.knobs import setting_text
 from ...base.mesh import axis_sizes
 from ...base.monitor import create_monitored_function
 from ...base.target import uncached
+from ...base.warnings import ShardsearchWarning
 from ...cost import footprint as _footprint
 from ...cost.program import ProgramCost, XlaMemory
 from ..space.candidate import Candidate
@@ -167,19 +170,38 @@ def _limit_text(ctx: Context, limit: int) -> str:
 def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
     """The step's predicted bytes per device under `specs` (`cost.footprint`),
     tracing the step once per knob setting; None when the context's
-    `memory_prediction` is "off" or the step cannot be traced for it."""
+    `memory_prediction` is "off", or when the prediction cannot be made for
+    this step (said once per knob setting, with a `ShardsearchWarning`: its
+    candidates are then judged by the compiler alone)."""
     if ctx.memory_prediction == "off":
         return None
-    programs = (ctx.root or ctx).programs
-    if ctx.setting not in programs:
+    traced = (ctx.root or ctx).traced
+    if ctx.setting not in traced:
         try:
-            programs[ctx.setting] = _footprint.trace_program(ctx.step, ctx.abstract_args)
-        except Exception:  # a step it cannot walk keeps the compiler's word only
-            programs[ctx.setting] = None
-    program = programs[ctx.setting]
+            traced[ctx.setting] = _footprint.trace_program(ctx.step, ctx.abstract_args)
+        except Exception as err:  # a step it cannot walk keeps the compiler's word only
+            _unpredicted(ctx, err)
+            traced[ctx.setting] = None
+    program = traced[ctx.setting]
     if program is None:
         return None
-    return _footprint.predict_footprint(program, specs, axis_sizes(ctx.mesh)).total
+    try:
+        return _footprint.predict_footprint(program, specs, axis_sizes(ctx.mesh)).total
+    except Exception as err:
+        _unpredicted(ctx, err)
+        traced[ctx.setting] = None
+        return None
+
+
+def _unpredicted(ctx: Context, err: BaseException) -> None:
+    warnings.warn(
+        f"shardsearch: the memory of the step{_setting_words(ctx.setting)} cannot be predicted "
+        f"before compiling ({error_line(err)}); its candidates are judged by the compiler "
+        "alone (memory_prediction='off' does not try)", ShardsearchWarning, stacklevel=3)
+
+
+def _setting_words(setting: Sequence[Any]) -> str:
+    return f" with {setting_text(setting)}" if setting else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -117,7 +117,9 @@ def _load(payload: dict[str, Any], outbox: Connection) -> Any:
     ctx = Context(step, abstract_args, mesh, host_args, body["budget"], body["objective"],
                   body["warmup"], body["repeats"], body["compile_timeout"], body["hardware"],
                   executor=InProcess(), progress=progress, dcn_axes=body["dcn_axes"],
-                  target=target, steps=steps.__getitem__)
+                  target=target, steps=steps.__getitem__,
+                  # Stage 1 and its prediction are the study process's.
+                  memory_prediction="off")
     ctx.programs = steps  # type: ignore[attr-defined]  # filled by the "steps" job
     return ctx
 
