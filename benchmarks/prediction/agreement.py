@@ -9,7 +9,8 @@ the current predictor (`shardsearch.search.predict_footprint`; nothing
 compiles), and judged as stage 1 judges, in trial order: its prediction times
 the least ratio XLA total / prediction of the candidates before it with the
 same knobs (once there are three), against the entry's budget times the
-margin (`shardsearch.search.prediction_summary`). A "false cut" is a candidate
+margin: stage 1's own, the spread of those ratios (largest over least), and
+any fixed `--margin` given (`shardsearch.search.prediction_summary`). A "false cut" is a candidate
 the rule would have cut that XLA fit; "missed" is one XLA found over the budget
 that the rule let through to compile. The ratio columns say how far XLA's
 total is from the prediction across the entry's candidates: the narrower, the
@@ -75,7 +76,8 @@ def entry_rows(suite_dir: Path, suite, margins):
             ratios.append(memory["total"] / predicted)
         if not records:
             continue
-        judged = {m: prediction_summary(records, budget, margin=m) for m in margins}
+        judged = {"spread": prediction_summary(records, budget)}
+        judged.update({f"{m:g}": prediction_summary(records, budget, margin=m) for m in margins})
         yield entry.id, budget, ratios, judged
 
 
@@ -86,16 +88,16 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--margin", type=float, action="append")
     a = parser.parse_args()
-    margins = a.margin or [1.0]
+    margins = a.margin or []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     suite = load_suite(a.suite)
     command = " ".join(["python", *sys.argv])
     lines = [f"# Stage 1's memory prediction against XLA: {a.suite}", "",
              f"Command: `{command}`", "",
              "| entry | budget GiB | compiled | XLA / predicted: min, median, max | "
-             + " | ".join(f"margin {m:g}: judged, over, agree, false cuts, missed"
-                          for m in margins) + " |",
-             "|---|---|---|---|" + "---|" * len(margins)]
+             + " | ".join(f"margin {m}: judged, over, agree, false cuts, missed"
+                          for m in ["spread", *(f"{m:g}" for m in margins)]) + " |",
+             "|---|---|---|---|" + "---|" * (1 + len(margins))]
     for entry_id, budget, ratios, judged in entry_rows(Path(a.results) / a.suite, suite,
                                                        margins):
         cells = [f"{j['judged']}, {j['over']}, {j['agree']}, {j['false_cuts']}, {j['missed']}"

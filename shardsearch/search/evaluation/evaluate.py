@@ -55,7 +55,6 @@ from .context import Context, progress
 from .outcome import (
     NONFINITE,
     PREDICTED,
-    PREDICTION_MARGIN,
     PREDICTION_SAMPLES,
     Outcome,
     fingerprint,
@@ -123,9 +122,10 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
       ratios: XLA's total over the prediction, for the study's compiled
         candidates with this knob setting (`study.record.memory_ratios`). With
         `PREDICTION_SAMPLES` of them or more, a candidate whose prediction times
-        the smallest is over the memory limit is cut here: it would need more
-        than the limit even if XLA packed it as tightly, relative to the
-        prediction, as it packed any candidate it compiled so far.
+        the smallest is over the memory limit by more than their spread is cut
+        here (`over_by_prediction`): it would need more than the limit even if
+        XLA packed it tighter, relative to the prediction, than any candidate
+        it compiled so far, by as much again as they differed.
     """
     analyzer = ctx.analyzer
     issues = analyzer.validate_partition_specs(tuple(ctx.abstract_args), tuple(specs))
@@ -145,18 +145,35 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
         return None, memory
     memory["predicted"] = predicted
     limit = ctx.memory_limit()
-    scale = min(ratios, default=0.0)
     if (ctx.memory_prediction == "cut" and limit is not None
-            and len(ratios) >= PREDICTION_SAMPLES
-            and predicted * scale > limit * PREDICTION_MARGIN):
+            and len(ratios) >= PREDICTION_SAMPLES and over_by_prediction(predicted, ratios, limit)):
+        scale, spread = min(ratios), max(ratios) / min(ratios)
         return Outcome(
             fp, CUT, Stage.CHECK,
             f"{PREDICTED} to need {int(predicted * scale)} bytes per device "
             f"(its arguments and the step's live values, {predicted}, times {scale:.2f}: "
             f"the least XLA needed per predicted byte among the study's {len(ratios)} "
-            f"compiled candidates with these knobs), over {_limit_text(ctx, limit)}",
+            f"compiled candidates with these knobs), over {_limit_text(ctx, limit)} "
+            f"by more than {spread:.2f}x (the spread of those ratios)",
             memory=memory), memory
     return None, memory
+
+
+def over_by_prediction(predicted: int, ratios: Sequence[float], limit: int,
+                       margin: float | None = None) -> bool:
+    """Stage 1's verdict on a prediction: scaled by the least ratio XLA total /
+    prediction seen, it is over the limit times the margin, by default the
+    spread of the ratios seen (largest over least): the less alike XLA and the
+    prediction have been, the further over it must be.
+
+    Example:
+      >>> over_by_prediction(200, (0.8, 1.0, 1.2), 100)   # 160 > 100 * 1.5
+      True
+      >>> over_by_prediction(150, (0.8, 1.0, 1.2), 100)   # 120 < 150
+      False
+    """
+    scale = min(ratios)
+    return predicted * scale > limit * (max(ratios) / scale if margin is None else margin)
 
 
 def _limit_text(ctx: Context, limit: int) -> str:

@@ -23,9 +23,6 @@ PREDICTED = "predicted before compiling"
 # Compiled candidates (with the same knob setting) a study needs before stage 1
 # cuts on the predicted memory: fewer leave the scale too uncertain.
 PREDICTION_SAMPLES = 3
-# How far over the limit a scaled prediction must be for stage 1 to cut: a
-# candidate predicted within this of the limit is left to the compiler.
-PREDICTION_MARGIN = 1.5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,8 @@ from typing import Any
 
 import optuna
 
-from ..evaluation.outcome import PREDICTED, PREDICTION_MARGIN, PREDICTION_SAMPLES, Outcome
+from ..evaluation.evaluate import over_by_prediction
+from ..evaluation.outcome import PREDICTED, PREDICTION_SAMPLES, Outcome
 from ..evaluation.stages import COMPLETE, CUT, FAILED, Stage
 from . import attrs as _attrs
 from .ownership import INTERRUPTED, LABEL_ATTR, REASON_ATTR
@@ -226,14 +227,15 @@ def memory_ratios(trials: Iterable[optuna.trial.FrozenTrial],
 
 
 def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
-                       margin: float = PREDICTION_MARGIN) -> dict[str, int]:
+                       margin: float | None = None) -> dict[str, int]:
     """How stage 1's memory prediction did in a study, against XLA's verdicts.
 
     Each compiled candidate (a distinct one, in trial order) is judged as
     stage 1 would have judged it then: its prediction times the least ratio
     of XLA's total to the prediction among the compiled candidates before it
     with the same knobs, once there are `PREDICTION_SAMPLES` of them, over
-    the limit times `margin` (stage 1's is `PREDICTION_MARGIN`). With
+    the limit times `margin` (None: stage 1's, the spread of those ratios;
+    `evaluation.evaluate.over_by_prediction`). With
     `memory_prediction="record"` nothing was cut on it, so every candidate
     the rule would have cut was compiled and `false_cuts` counts those XLA
     said fit; with "cut" those were cut instead (`cut_before_compile`) and
@@ -262,7 +264,8 @@ def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
             continue
         earlier = ratios.setdefault(tuple(record.knobs), [])
         if len(earlier) >= PREDICTION_SAMPLES:
-            over, flagged = total > limit, predicted * min(earlier) > limit * margin
+            over = total > limit
+            flagged = over_by_prediction(predicted, earlier, limit, margin)
             out["judged"] += 1
             out["over"] += over
             out["flagged"] += flagged
