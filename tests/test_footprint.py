@@ -42,6 +42,28 @@ def test_live_bytes_of_a_chain_follow_last_uses_and_the_donated_state():
     assert (split.arguments, split.live, split.total) == (2048, 2048, 4096)
 
 
+def test_a_broadcast_is_not_stored_it_is_computed_where_it_is_read():
+    def step(x, y):
+        threes = jnp.full_like(y, 3.0)   # a broadcast: never stored
+        doubled = y * 2.0                # 4 KiB
+        return x, doubled + threes       # 4 KiB more while doubled is live
+
+    program = trace_program(step, (_sds(8), _sds(1024)))
+    assert predict(program, (P(), P()), {}).live == 8192
+
+
+def test_the_steps_constraints_place_activations_before_the_arguments_do(mesh24):
+    def step(x):
+        t = jnp.tanh(x)                  # between the argument and the constraint
+        h = jax.lax.with_sharding_constraint(t, jax.sharding.NamedSharding(mesh24, P("tp")))
+        return x, jnp.sum(h * 2.0)
+
+    program = trace_program(step, (_sds(64, 64),))
+    sizes = {"dp": 2, "tp": 4}
+    # As XLA holds to the constraint, the argument's split does not decide t's.
+    assert predict(program, (P("dp"),), sizes).live == predict(program, (P("tp"),), sizes).live
+
+
 def test_a_matmuls_output_takes_the_batch_split_of_one_operand_and_the_column_split_of_the_other():
     def step(w, x):
         h = x @ w                    # [8, 32]: dp from x's rows, tp from w's columns
