@@ -25,6 +25,18 @@ def entry_axes(entry: Any) -> tuple[str, ...]:
         "PartitionSpec.UNCONSTRAINED")
 
 
+def dim_axes(spec: P, rank: int) -> tuple[tuple[str, ...] | None, ...]:
+    """Per dim of a rank-`rank` value, the mesh axes `spec` splits it over:
+    `()` for a whole dim (None, or past the spec's end), None where the spec
+    leaves the dim to XLA (`P.UNCONSTRAINED`).
+
+    Example: `dim_axes(P('dp', P.UNCONSTRAINED), 3)` → `(('dp',), None, ())`.
+    """
+    entries = list(spec)[:rank]
+    return tuple(None if e is UNCONSTRAINED else entry_axes(e) for e in entries) + (
+        ((),) * (rank - len(entries)))
+
+
 def spec_axes(spec: P) -> tuple[str, ...]:
     """All axes a spec names, in order: `P(('a','b'), 'c')` → `('a','b','c')`."""
     return tuple(a for entry in spec for a in entry_axes(entry))

@@ -39,24 +39,30 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
+from ..base.spec import dim_axes
 from ..logical.discover import trace_graph
 from ..logical.graph import DimGraph, Frame, Node
 
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """A step traced once for pricing: its graph and where its arguments are.
+    """A step traced once for pricing: its graph, where its arguments are, and
+    what no candidate changes.
 
     Attributes:
       graph: the walked jaxpr (`logical.graph.DimGraph`), its program in `frames`.
       leaves: per argument, the value id of each array leaf in flattening order
         (None for a leaf that is not an array).
       treedefs: per argument, its tree structure (specs are flattened up to it).
+      pinned: the dims the step's own sharding constraints fix, and their axes.
+      fused: the values never stored on their own (`_fused`).
     """
 
     graph: DimGraph
     leaves: tuple[tuple[int | None, ...], ...]
     treedefs: tuple[Any, ...]
+    pinned: Mapping[Node, tuple[str, ...]]
+    fused: frozenset[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +86,12 @@ def trace_program(step: Callable[..., Any], args: Sequence[Any]) -> Program:
     """Traces `step(*args)` (abstract arguments are enough) into a `Program`."""
     g, _, leaf_ids = trace_graph(step, args, "memory prediction")
     treedefs = tuple(jax.tree_util.tree_structure(a) for a in args)
-    return Program(g, tuple(tuple(ids) for ids in leaf_ids), treedefs)
+    pinned: dict[Node, tuple[str, ...]] = {}
+    for op in _ops(g.frames):
+        if op.constraint is not None and op.outs:
+            _seed(pinned, op.outs[0], op.constraint)
+    return Program(g, tuple(tuple(ids) for ids in leaf_ids), treedefs, pinned,
+                   frozenset(_fused(g.frames)))
 
 
 def predict_footprint(program: Program, specs: Sequence[Any],
@@ -99,22 +110,18 @@ def predict_footprint(program: Program, specs: Sequence[Any],
         raise ValueError(f"memory prediction: {len(specs)} spec trees for "
                          f"{len(program.treedefs)} arguments")
     g = program.graph
-    pinned: dict[Node, tuple[str, ...]] = {}
-    for op in _ops(g.frames):
-        if op.constraint is not None and op.outs:
-            _seed(pinned, op.outs[0], g.rank(op.outs[0]), op.constraint)
     given: dict[Node, tuple[str, ...]] = {}
     for ids, treedef, tree in zip(program.leaves, program.treedefs, specs, strict=True):
         for vid, spec in zip(ids, treedef.flatten_up_to(tree), strict=True):
             if vid is not None:
-                _seed(given, vid, g.rank(vid), _spec_axes(spec))
-    axes = _spread(g, [pinned, given])
+                # A leaf without a spec is whole.
+                spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+                _seed(given, vid, dim_axes(spec, g.rank(vid)))
+    axes = _spread(g, [program.pinned, given])
     divisor = _divisors(g, axes, axis_sizes)
 
-    fused = _fused(g.frames)
-
     def size(vid: int) -> int:
-        return 0 if vid in fused else g.nbytes(vid) // divisor.get(vid, 1)
+        return 0 if vid in program.fused else g.nbytes(vid) // divisor.get(vid, 1)
 
     arguments = sum(size(v) for ids in program.leaves for v in ids if v is not None)
     state = [v for v in program.leaves[0] if v is not None] if program.leaves else []
@@ -143,29 +150,13 @@ def _fused(frames: Sequence[Frame], found: set[int] | None = None) -> set[int]:
     return found
 
 
-def _spec_axes(spec: Any) -> tuple[tuple[str, ...] | None, ...]:
-    if not isinstance(spec, PartitionSpec):
-        return ()
-    out: list[tuple[str, ...] | None] = []
-    for entry in spec:
-        if entry is None:
-            out.append(())
-        elif isinstance(entry, str):
-            out.append((entry,))
-        elif isinstance(entry, tuple | list):
-            out.append(tuple(entry))
-        else:
-            out.append(None)  # UNCONSTRAINED
-    return tuple(out)
-
-
-def _seed(seeds: dict[Node, tuple[str, ...]], vid: int, rank: int,
-          entries: Sequence[tuple[str, ...] | None]) -> None:
-    """Seeds every dim of `vid` a spec fixes (dims past the spec: whole)."""
-    padded = list(entries) + [()] * (rank - len(entries))
-    for d, axes in enumerate(padded[:rank]):
-        if axes is not None:
-            seeds[(vid, d)] = axes
+def _seed(seeds: dict[Node, tuple[str, ...]], vid: int,
+          axes: Sequence[tuple[str, ...] | None]) -> None:
+    """Seeds every dim of `vid` its spec fixes (`base.spec.dim_axes`: not the
+    dims left to XLA)."""
+    for d, names in enumerate(axes):
+        if names is not None:
+            seeds[(vid, d)] = names
 
 
 def _ops(frames: Sequence[Frame]) -> Any:

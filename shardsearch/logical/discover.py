@@ -22,7 +22,7 @@ from .axes import LeafAxes, LogicalAxes, LogicalAxis
 from .graph import DimGraph, Merge, Node
 from .naming import AxisFacts, LeafFacts, name_axes
 from .user import adopt, given_names, user_names
-from .walk import walk
+from .walk import itemsize, walk
 
 _INDEX = re.compile(r"(?<![^/])\d+(?![^/])")
 
@@ -118,7 +118,7 @@ def trace_graph(step: Callable[..., Any], args: Sequence[Any], where: str,
             if shape is None:
                 ids.append(None)
                 continue
-            vid = g.value(shape, _itemsize(x))
+            vid = g.value(shape, itemsize(x))
             if a == 0:
                 g.weights[vid] = None
             elif _is_integer(x):
@@ -127,14 +127,6 @@ def trace_graph(step: Callable[..., Any], args: Sequence[Any], where: str,
         leaf_ids.append(ids)
     walk(g, closed, [vid for ids in leaf_ids for vid in ids if vid is not None])
     return g, per_arg, leaf_ids
-
-
-def _itemsize(x: Any) -> int:
-    try:
-        dtype = getattr(x, "dtype", None)
-        return int(np.dtype(np.asarray(x).dtype if dtype is None else dtype).itemsize)
-    except TypeError:  # extended dtypes (PRNG keys)
-        return 0
 
 
 def _user_names(args: tuple[Any, ...], names: Sequence[Any] | None) -> list[list[Any]]:

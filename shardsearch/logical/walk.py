@@ -20,8 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from jax.extend import core as jcore
 
+from ..base.spec import dim_axes
 from .graph import SCAN_LENGTH, DimGraph, Frame, Op
 from .primitives import couple, elementwise
 
@@ -39,14 +41,14 @@ def walk(g: DimGraph, jaxpr: Any, ins: Sequence[int]) -> list[int]:
     jaxpr, consts = _open(jaxpr)
     env: dict[Any, int] = {}
     for var, const in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = g.value(getattr(const, "shape", ()), _itemsize(const))
+        env[var] = g.value(getattr(const, "shape", ()), itemsize(const))
     for var, vid in zip(jaxpr.invars, ins, strict=True):
         env[var] = vid
     frame = Frame(tuple(ins))
     (g.op.bodies if g.op is not None else g.frames).append(frame)
     for eqn in jaxpr.eqns:
         eqn_ins = [_atom(g, env, a) for a in eqn.invars]
-        eqn_outs = [g.value(_shape(v), _itemsize(v.aval)) for v in eqn.outvars]
+        eqn_outs = [g.value(_shape(v), itemsize(v.aval)) for v in eqn.outvars]
         for var, vid in zip(eqn.outvars, eqn_outs, strict=True):
             env[var] = vid
         op = Op(eqn.primitive.name, tuple(eqn_ins), tuple(eqn_outs),
@@ -111,33 +113,24 @@ def _constraint(eqn: Any) -> tuple[tuple[str, ...] | None, ...] | None:
     spec = getattr(eqn.params.get("sharding"), "spec", None)
     if spec is None:
         return None
-    rank = len(_shape(eqn.outvars[0]))
-    entries = list(spec) + [()] * (rank - len(spec))
-    return tuple(_entry_axes(e) for e in entries[:rank])
+    return dim_axes(spec, len(_shape(eqn.outvars[0])))
 
 
-def _entry_axes(entry: Any) -> tuple[str, ...] | None:
-    if entry is None:
-        return ()
-    if isinstance(entry, str):
-        return (entry,)
-    if isinstance(entry, tuple | list):
-        return tuple(str(a) for a in entry)
-    return None  # PartitionSpec.UNCONSTRAINED
-
-
-def _itemsize(aval: Any) -> int:
-    """Bytes per element of an abstract value or array (0 for tokens and keys
-    whose dtype has no plain size)."""
+def itemsize(x: Any) -> int:
+    """Bytes per element of an array, an abstract value or a Python scalar (0
+    for what has no element size: a token)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None and isinstance(x, bool | int | float | complex):
+        dtype = np.asarray(x).dtype
     try:
-        return int(aval.dtype.itemsize)
+        return int(dtype.itemsize)
     except (AttributeError, TypeError):
         return 0
 
 
 def _atom(g: DimGraph, env: dict[Any, int], atom: Any) -> int:
     if isinstance(atom, jcore.Literal):
-        return g.value(_shape(atom), _itemsize(atom.aval))
+        return g.value(_shape(atom), itemsize(atom.aval))
     return env[atom]
 
 
@@ -172,7 +165,7 @@ def _inner_ins(g: DimGraph, jaxpr: Any, outer: Sequence[int]) -> list[int]:
         if _shape(var) == g.shapes[vid]:
             ids.append(vid)
         else:
-            inner = g.value(_shape(var), _itemsize(var.aval))
+            inner = g.value(_shape(var), itemsize(var.aval))
             _link(g, vid, inner)
             ids.append(inner)
     return ids
@@ -195,7 +188,7 @@ def _call(g: DimGraph, eqn: Any, ins: list[int], outs: list[int]) -> None:
 def _fresh(g: DimGraph, var: Any, outer: int, strip: int = 0) -> int:
     """A loop body's own id for one input, tied to the caller's value `outer`
     without its first `strip` dims (a scan's xs lose the stacked dim)."""
-    inner = g.value(_shape(var), _itemsize(var.aval))
+    inner = g.value(_shape(var), itemsize(var.aval))
     for d in range(g.rank(inner)):
         if d + strip < g.rank(outer):
             g.tie_equal(outer, d + strip, inner, d)
