@@ -147,3 +147,17 @@ def test_an_unhandled_primitive_is_listed_warned_once_stored_and_printed(
     stored = ss.write_config(ss.export_config(study), tmp_path / "stored.json")
     assert _cli.main(["explain", str(stored)]) == 2
     assert "records no leaves" in capsys.readouterr().err
+
+
+def test_the_memory_prediction_says_once_which_primitives_it_could_not_follow(tmp_path, mesh24):
+    # The rules space discovers no logical axes: the prediction's walk is the
+    # one that meets the primitive, and its note is warned once per search.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = ss.optimize(_step, ARGS, mesh=mesh24, n_trials=6, objective="static",
+                             confirm_rounds=0, quiet=True, isolate=False, space="rules",
+                             storage=f"sqlite:///{tmp_path / 's.db'}")
+    ours = [w for w in caught if issubclass(w.category, UnhandledPrimitiveWarning)]
+    assert len(ours) == 1 and "no coupling rule: test_double" in str(ours[0].message)
+    assert all(any("test_double" in n for n in t.outcome.notes)
+               for t in result.trials if "predicted" in t.outcome.memory)

@@ -181,10 +181,7 @@ class LogicalAxes:
         out = [note("merged", m) for m in self.merges]
         out += [note("conflict", c) for c in self.conflicts]
         if self.unhandled:
-            out.insert(0, note(
-                "unhandled", f"primitives with no coupling rule: {', '.join(self.unhandled)} "
-                "(same-shape ones taken as elementwise, the others couple nothing; add a "
-                "rule in logical/primitives.py)"))
+            out.insert(0, unhandled_note(self.unhandled))
         return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
@@ -222,3 +219,10 @@ def _list(value: Any, what: str) -> Sequence[Any]:
     if not isinstance(value, list | tuple):
         raise TypeError(f"{what} must be a list, got {type(value).__name__}")
     return value
+
+
+def unhandled_note(primitives: Sequence[str]) -> str:
+    """The note (`base.warnings`) for primitives the dataflow walk has no rule for."""
+    return note("unhandled", f"primitives with no coupling rule: {', '.join(primitives)} "
+                "(same-shape ones taken as elementwise, the others couple nothing; add a "
+                "rule in logical/primitives.py)")

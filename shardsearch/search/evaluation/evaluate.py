@@ -49,6 +49,7 @@ from ...base.target import uncached
 from ...base.warnings import ShardsearchWarning
 from ...cost import footprint as _footprint
 from ...cost.program import ProgramCost, XlaMemory
+from ...logical.axes import unhandled_note
 from ..space.candidate import Candidate
 from . import logs as _logs
 from .context import Context, progress
@@ -189,7 +190,8 @@ def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
     tracing the step once per knob setting; None when the context's
     `memory_prediction` is "off", or when the prediction cannot be made for
     this step (said once per knob setting, with a `ShardsearchWarning`: its
-    candidates are then judged by the compiler alone)."""
+    candidates are then judged by the compiler alone). Primitives the walk has
+    no rule for are the outcome's notes (`prediction_notes`)."""
     if ctx.memory_prediction == "off":
         return None
     traced = (ctx.root or ctx).traced
@@ -199,6 +201,7 @@ def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
         except Exception as err:  # a step it cannot walk keeps the compiler's word only
             _unpredicted(ctx, err)
             traced[ctx.setting] = None
+
     program = traced[ctx.setting]
     if program is None:
         return None
@@ -208,6 +211,16 @@ def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
         _unpredicted(ctx, err)
         traced[ctx.setting] = None
         return None
+
+
+def prediction_notes(ctx: Context) -> tuple[str, ...]:
+    """What the prediction for the context's knob setting could not read, as
+    notes (`base.warnings`): the primitives its walk has no rule for, whose
+    outputs it may split less than XLA does. The search warns of each note
+    once (`loop`), the setup's logical axes' notes counting as shown."""
+    program = (ctx.root or ctx).traced.get(ctx.setting)
+    unhandled = program.graph.unhandled_names() if program is not None else ()
+    return (unhandled_note(unhandled),) if unhandled else ()
 
 
 def _unpredicted(ctx: Context, err: BaseException) -> None:
@@ -307,12 +320,13 @@ def evaluate(
     """
     cut, memory = check(specs, fp, ctx, ratios)
     if cut is not None:
-        return cut
+        return dataclasses.replace(cut, notes=cut.notes + prediction_notes(ctx))
     outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, report, run,
                                          tuple(estimates))
     if ctx.verbose:
         _logs.echo(log.text, f"candidate {fp}")
-    return dataclasses.replace(outcome, log_count=log.count, log_first=log.first)
+    return dataclasses.replace(outcome, log_count=log.count, log_first=log.first,
+                               notes=outcome.notes + prediction_notes(ctx))
 
 
 def compile_and_score(
