@@ -159,8 +159,9 @@ def optimize(
         bytes per device from the step's jaxpr (`cost.footprint`: arguments
         and live values under its specs and knobs), and once three compiled
         candidates with the same knobs showed how XLA's total compares with
-        the prediction, cuts before compiling those over the budget (or the
-        chip's memory) even at the smallest ratio seen; "record": predict and
+        the prediction, cuts before compiling those that, scaled by the
+        smallest ratio seen, are over the budget (or the chip's memory) by more
+        than the ratios' spread; "record": predict and
         record only (`memory["predicted"]`), so every candidate compiles and
         the prediction can be checked against XLA; "off": no prediction.
 

@@ -183,8 +183,6 @@ def _limit_text(ctx: Context, limit: int) -> str:
     return f"{ctx.target.chip if ctx.target else 'the chip'}'s memory of {limit}"
 
 
-
-
 def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
     """The step's predicted bytes per device under `specs` (`cost.footprint`),
     tracing the step once per knob setting; None when the context's
@@ -201,7 +199,6 @@ def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
         except Exception as err:  # a step it cannot walk keeps the compiler's word only
             _unpredicted(ctx, err)
             traced[ctx.setting] = None
-
     program = traced[ctx.setting]
     if program is None:
         return None
