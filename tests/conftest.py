@@ -28,8 +28,15 @@ from shardsearch.search.study.storage import use_compile_cache  # noqa: E402
 # search would otherwise turn the process-wide cache on midway through the
 # session, in its own temporary folder, so that whether a test compiles or
 # reads from disk depended on whether it ran before or after that one.
-_COMPILE_CACHE = tempfile.mkdtemp(prefix="shardsearch-tests-jax-cache-")
-atexit.register(shutil.rmtree, _COMPILE_CACHE, True)
+# Under pytest-xdist the processes of one run share the folder (JAX writes each
+# entry whole, by rename), so a candidate one compiled is read from disk by the
+# other: the first process (the controller) makes it, its workers inherit the
+# variable, and the controller removes it at the end.
+_COMPILE_CACHE = os.environ.get("SHARDSEARCH_TESTS_JAX_CACHE", "")
+if not (os.environ.get("PYTEST_XDIST_WORKER") and os.path.isdir(_COMPILE_CACHE)):
+    _COMPILE_CACHE = tempfile.mkdtemp(prefix="shardsearch-tests-jax-cache-")
+    os.environ["SHARDSEARCH_TESTS_JAX_CACHE"] = _COMPILE_CACHE
+    atexit.register(shutil.rmtree, _COMPILE_CACHE, True)
 use_compile_cache(_COMPILE_CACHE)
 
 MESH_SHAPES = {
