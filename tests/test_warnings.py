@@ -161,3 +161,32 @@ def test_the_memory_prediction_says_once_which_primitives_it_could_not_follow(tm
     assert len(ours) == 1 and "no coupling rule: test_double" in str(ours[0].message)
     assert all(any("test_double" in n for n in t.outcome.notes)
                for t in result.trials if "predicted" in t.outcome.memory)
+
+
+def _gspmd_step(state, x):
+    # A constraint built from an HLO sharding (a GSPMDSharding, as code that
+    # converts shardings from XLA's form makes): it names no PartitionSpec.
+    from jax._src.sharding_impls import GSPMDSharding
+
+    devices = tuple(jax.devices()[:8])
+    rows = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices).reshape(2, 4),
+                                                        ("dp", "tp")),
+                                      jax.sharding.PartitionSpec("dp"))
+    h = jax.lax.with_sharding_constraint(
+        x @ state["w"], GSPMDSharding(devices, rows._to_xla_hlo_sharding(2)))
+    loss = jnp.mean(h ** 2)
+    return {"w": state["w"] - 0.1 * loss}, {"loss": loss}
+
+
+def test_the_memory_prediction_says_which_constraints_it_cannot_read(tmp_path, mesh24):
+    args = ({"w": jnp.ones((16, 32), jnp.float32)}, jnp.ones((8, 16), jnp.float32))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = ss.optimize(_gspmd_step, args, mesh=mesh24, n_trials=4, objective="static",
+                             confirm_rounds=0, quiet=True, isolate=False,
+                             storage=f"sqlite:///{tmp_path / 's.db'}")
+    ours = [w for w in caught if issubclass(w.category, KINDS["unread"])]
+    assert len(ours) == 1 and "(GSPMDSharding) are not followed" in str(ours[0].message)
+    predicted = [t for t in result.trials if "predicted" in t.outcome.memory]
+    assert predicted and all(any(n.startswith("unread: ") for n in t.outcome.notes)
+                             for t in predicted)

@@ -54,6 +54,12 @@ class UserNamesConflictWarning(ShardsearchWarning):
     the first), or names that do not fit their leaf (ignored)."""
 
 
+class UnreadConstraintWarning(ShardsearchWarning):
+    """The step constrains a value with a sharding that names no PartitionSpec
+    (a `GSPMDSharding`): the memory predicted before compiling does not follow
+    that constraint, and lets the value take what the arguments give it."""
+
+
 # A note's kind (its text up to the first ":") -> its warning class.
 KINDS: dict[str, type[ShardsearchWarning]] = {
     "unhandled": UnhandledPrimitiveWarning,
@@ -62,6 +68,7 @@ KINDS: dict[str, type[ShardsearchWarning]] = {
     "uncounted": UncountedCostWarning,
     "ungrouped": UngroupedCollectiveWarning,
     "conflict": UserNamesConflictWarning,
+    "unread": UnreadConstraintWarning,
 }
 
 

@@ -109,6 +109,7 @@ class DimGraph:
         self.merges: list[Merge] = []
         # Dicts used as ordered sets, so nothing iterates a set.
         self._unhandled: dict[str, None] = {}
+        self._unread: dict[str, None] = {}  # shardings of constraints with no spec
         # Provenance, kept through shape-only ops and call boundaries.
         self.labels: dict[int, None] = {}   # integer leaves of the batch arguments
         self.iotas: dict[int, None] = {}    # iota outputs
@@ -164,6 +165,14 @@ class DimGraph:
 
     def unhandled_names(self) -> tuple[str, ...]:
         return tuple(sorted(self._unhandled))
+
+    def unread(self, sharding: str) -> None:
+        """Notes a sharding constraint whose sharding names no PartitionSpec
+        (its type, e.g. "GSPMDSharding"): nothing can be read of its axes."""
+        self._unread[sharding] = None
+
+    def unread_constraints(self) -> tuple[str, ...]:
+        return tuple(sorted(self._unread))
 
     def inherit(self, src: int, dst: int) -> None:
         """`dst` is `src` seen through a shape-only op: it keeps its provenance."""

@@ -52,7 +52,7 @@ def walk(g: DimGraph, jaxpr: Any, ins: Sequence[int]) -> list[int]:
         for var, vid in zip(eqn.outvars, eqn_outs, strict=True):
             env[var] = vid
         op = Op(eqn.primitive.name, tuple(eqn_ins), tuple(eqn_outs),
-                carried=_carried(eqn), constraint=_constraint(eqn))
+                carried=_carried(eqn), constraint=_constraint(g, eqn))
         frame.ops.append(op)
         outer, g.op = g.op, op
         try:
@@ -105,13 +105,16 @@ def _carried(eqn: Any) -> tuple[tuple[int, int], ...]:
     return ()
 
 
-def _constraint(eqn: Any) -> tuple[tuple[str, ...] | None, ...] | None:
+def _constraint(g: DimGraph, eqn: Any) -> tuple[tuple[str, ...] | None, ...] | None:
     """A sharding constraint's mesh axes per output dim (None where
-    unconstrained), or None when the equation is not one or names no spec."""
+    unconstrained), or None when the equation is not one or names no spec
+    (a `GSPMDSharding`: noted in `g.unread_constraints()`)."""
     if eqn.primitive.name != "sharding_constraint" or not eqn.outvars:
         return None
-    spec = getattr(eqn.params.get("sharding"), "spec", None)
+    sharding = eqn.params.get("sharding")
+    spec = getattr(sharding, "spec", None)
     if spec is None:
+        g.unread(type(sharding).__name__)
         return None
     return dim_axes(spec, len(_shape(eqn.outvars[0])))
 

@@ -46,7 +46,7 @@ from ...base.knobs import setting_text
 from ...base.mesh import axis_sizes
 from ...base.monitor import create_monitored_function
 from ...base.target import uncached
-from ...base.warnings import ShardsearchWarning
+from ...base.warnings import ShardsearchWarning, note
 from ...cost import footprint as _footprint
 from ...cost.program import ProgramCost, XlaMemory
 from ...logical.axes import unhandled_note
@@ -213,11 +213,20 @@ def predicted_bytes(specs: Sequence[Any], ctx: Context) -> int | None:
 def prediction_notes(ctx: Context) -> tuple[str, ...]:
     """What the prediction for the context's knob setting could not read, as
     notes (`base.warnings`): the primitives its walk has no rule for, whose
-    outputs it may split less than XLA does. The search warns of each note
+    outputs it may split less than XLA does, and the step's sharding
+    constraints that name no PartitionSpec. The search warns of each note
     once (`loop`), the setup's logical axes' notes counting as shown."""
     program = (ctx.root or ctx).traced.get(ctx.setting)
-    unhandled = program.graph.unhandled_names() if program is not None else ()
-    return (unhandled_note(unhandled),) if unhandled else ()
+    if program is None:
+        return ()
+    unhandled = program.graph.unhandled_names()
+    unread = program.graph.unread_constraints()
+    return (((unhandled_note(unhandled),) if unhandled else ())
+            + ((note("unread", f"sharding constraints of the step with no PartitionSpec "
+                               f"({', '.join(unread)}) are not followed by the memory "
+                               "predicted before compiling: the values they constrain take "
+                               "the arguments' axes there (XLA still applies them)"),)
+               if unread else ()))
 
 
 def _unpredicted(ctx: Context, err: BaseException) -> None:
