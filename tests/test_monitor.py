@@ -154,6 +154,34 @@ def test_compiles_once_per_signature(mesh24):
     assert step.lowered == 3
 
 
+def test_arguments_already_placed_are_not_placed_again(monkeypatch, mesh24):
+    """A call whose arguments already carry the specs' shardings (a training
+    loop feeding the step its own output) skips `device_put`; arguments on the
+    host, or placed otherwise, are placed, and the step computes the same."""
+    placements = []
+    real_put = jax.device_put
+
+    def device_put(*args, **kwargs):
+        placements.append(1)
+        return real_put(*args, **kwargs)
+
+    monitored = ss.create_monitored_function(
+        lambda a, b: (a * 2, b + 1), (P("dp", "tp"), P("dp")), ss.ShardingAnalyzer(mesh24),
+        out_specs=(P("dp", "tp"), P("dp")))
+    a, b = np.ones((16, 8), np.float32), np.zeros((8,), np.float32)
+    monkeypatch.setattr(jax, "device_put", device_put)
+    (a1, b1), _ = monitored(a, b)
+    assert len(placements) == 1  # from the host
+    (a2, b2), _ = monitored(a1, b1)
+    assert len(placements) == 1  # its own output: placed already
+    other = real_put(a2, jax.sharding.NamedSharding(mesh24, P("tp")))
+    (a3, b3), _ = monitored(other, b2)
+    assert len(placements) == 2  # one argument placed otherwise: placed again
+    np.testing.assert_array_equal(np.asarray(a3), np.full((16, 8), 8.0))
+    np.testing.assert_array_equal(np.asarray(b3), np.full((8,), 3.0))
+    assert a3.sharding.spec == P("dp", "tp")
+
+
 def test_validates_once_per_signature(monkeypatch, mesh24):
     analyzer = ss.ShardingAnalyzer(mesh24)
     calls = _spy_validation(monkeypatch, analyzer)

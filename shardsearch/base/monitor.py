@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -24,11 +25,16 @@ class ShardingWarning(ShardsearchWarning):
     """A spec tree has problems; the step still runs (XLA decides what to do)."""
 
 
-def _signature(args: tuple[Any, ...], specs: Any) -> tuple[Any, ...]:
-    leaves, treedef = jax.tree_util.tree_flatten(args)
-    shapes = tuple((_tree.leaf_shape(x), str(_tree.leaf_dtype(x))) for x in leaves)
+def _spec_key(specs: Any) -> tuple[Any, ...]:
     spec_leaves = jax.tree_util.tree_leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
-    return treedef, shapes, tuple(_spec.canonical(s) for s in spec_leaves)
+    return tuple(_spec.canonical(s) for s in spec_leaves)
+
+
+def _placed(leaves: list[Any], targets: list[Any] | None) -> bool:
+    """Whether every leaf is already an array with its target sharding (so a
+    `device_put` would hand it back as it is)."""
+    return targets is not None and all(
+        getattr(x, "sharding", None) == s for x, s in zip(leaves, targets, strict=True))
 
 
 _named = _mesh.named_shardings
@@ -80,7 +86,9 @@ def create_monitored_function(
 
     The wrapped call places the arguments with `partition_specs` (a spec tree
     for the tuple of positional arguments, or for the single argument when
-    there is one) on the analyzer's mesh, compiles `fn` once per distinct
+    there is one) on the analyzer's mesh (arguments that already carry those
+    shardings, such as the state the step returned, are passed as they are),
+    compiles `fn` once per distinct
     (shapes, specs) signature, and times only the execution, blocking until
     the result is ready. Problems found by the analyzer are reported once per
     signature as a `ShardingWarning`; then the arguments are passed as they
@@ -154,13 +162,28 @@ def create_monitored_function(
         return {"issues": issues, "memory": memory, "shardings": shardings, "compiled": None,
                 "mesh": mesh}
 
-    def entry_for(args: tuple[Any, ...]) -> dict[str, Any]:
-        specs = specs_for(args)
-        key = _signature(args, specs)
+    # The specs and their part of the signature depend only on the arguments'
+    # tree structure: found once per structure, not on every call.
+    by_structure: dict[Any, tuple[Any, tuple[Any, ...]]] = {}
+
+    def entry_for(args: tuple[Any, ...]) -> tuple[dict[str, Any], list[Any]]:
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        known = by_structure.get(treedef)
+        if known is None:
+            specs = specs_for(args)
+            known = by_structure[treedef] = (specs, _spec_key(specs))
+        specs, spec_key = known
+        key = (treedef, tuple((_tree.leaf_shape(x), _tree.leaf_dtype(x)) for x in leaves),
+               spec_key)
         entry = cache.get(key)
         if entry is None:
             entry = cache[key] = prepare(args, specs)
-        return entry
+            entry["targets"] = None
+            if entry["shardings"] is not None:
+                # Else device_put on every call: it knows how to place them.
+                with contextlib.suppress(ValueError, TypeError):
+                    entry["targets"] = treedef.flatten_up_to(entry["shardings"])
+        return entry, leaves
 
     def compile_entry(entry: dict[str, Any], args: tuple[Any, ...]) -> float:
         if entry["compiled"] is not None:
@@ -179,8 +202,8 @@ def create_monitored_function(
         return seconds
 
     def monitored(*args: Any) -> tuple[Any, dict[str, Any]]:
-        entry = entry_for(args)
-        if entry["shardings"] is not None:
+        entry, leaves = entry_for(args)
+        if entry["shardings"] is not None and not _placed(leaves, entry["targets"]):
             args = jax.device_put(args, entry["shardings"])
         compile_time = compile_entry(entry, args)
         jax.block_until_ready(args)
@@ -195,7 +218,7 @@ def create_monitored_function(
         }
 
     def compile(*args: Any) -> tuple[Any, float]:
-        entry = entry_for(args)
+        entry, _ = entry_for(args)
         seconds = compile_entry(entry, args)
         return entry["compiled"], seconds
 
