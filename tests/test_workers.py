@@ -210,7 +210,7 @@ def test_workers_on_one_sqlite_file_never_take_the_same_queued_trial(tmp_path):
 def study(request, tmp_path):
     """A new study on an SQLite file or on the PostgreSQL server."""
     url = (f"sqlite:///{tmp_path / 'claims.db'}" if request.param == "sqlite"
-           else fresh_database(postgres_url(), "shardsearch_claims_test"))
+           else fresh_database(postgres_url(), f"shardsearch_claims_{request.node.name[5:40]}"))
     study = optuna.create_study(storage=url, study_name="claims")
     yield study
     close_storage(study)
