@@ -22,7 +22,10 @@ from shardsearch.search import (
     make_context,
     resolve,
 )
+from shardsearch.base.activations import under_rules
+from shardsearch.cost.hlo import parse_collectives
 from shardsearch.search.execution.transport import jaxpr_digest
+from shardsearch.search.space.candidate import knob_variants
 from shardsearch.workloads import get_workload
 from shardsearch.workloads._train import accumulate_gradients
 
@@ -130,13 +133,144 @@ def test_accumulate_gradients_is_the_mean_over_slices_and_refuses_an_uneven_batc
         accumulate_gradients(grad_fn, w, batch, 3)
 
 
+@pytest.mark.parametrize("groups", [2, 4])
+def test_gradients_kept_apart_by_group_are_the_whole_batchs(groups):
+    def grad_fn(w, b):
+        loss = jnp.mean((b["x"] @ w) ** 2)
+        return (loss, {"top": jnp.max(b["x"])}), jax.grad(
+            lambda w: jnp.mean((b["x"] @ w) ** 2))(w)
+
+    w = jnp.arange(16.0, dtype=jnp.float32).reshape(4, 4) / 16
+    batch = {"x": jnp.arange(64.0, dtype=jnp.float32).reshape(16, 4) / 50}
+    (loss, extra), grads = accumulate_gradients(grad_fn, w, batch, 2, groups)
+    (want_loss, _), want = grad_fn(w, batch)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    np.testing.assert_allclose(grads, want, rtol=1e-6)
+    assert loss.shape == () and extra["top"].shape == ()
+    # Each block's own metric, averaged over slices and blocks: the blocks
+    # are contiguous rows of each slice, slice j holding rows j, j + 2, ...
+    rows = np.arange(16).reshape(8, 2).T.reshape(2, groups, -1)  # [slice, block, row]
+    tops = np.asarray(batch["x"]).max(axis=1)[rows].max(axis=2)
+    np.testing.assert_allclose(extra["top"], tops.mean(), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"grad_groups=3 must divide every microbatch's "
+                                         r"rows; got 8"):
+        accumulate_gradients(grad_fn, w, batch, 2, 3)
+
+
+def test_grad_groups_move_the_data_parallel_reduction_out_of_the_microbatch_loop(mesh8):
+    """The point of `grad_groups`: on dp=8 with 2 microbatches the gradient's
+    all-reduce runs once per microbatch (in the loop) with one group, and once
+    per step (after it) with the 8 devices' groups; the update is the same."""
+    w = get_workload("mlp:tiny")
+    state, batch = w.init(0)
+    rep = jax.sharding.NamedSharding(mesh8, jax.sharding.PartitionSpec())
+    split = jax.sharding.NamedSharding(mesh8, jax.sharding.PartitionSpec("dp"))
+    shardings = (jax.tree.map(lambda _: rep, state), jax.tree.map(lambda _: split, batch))
+    reduced, out = {}, {}
+    for groups in (1, 8):
+        step = w.knobs.step((("microbatches", 2), ("grad_groups", groups)) if groups > 1
+                            else (("microbatches", 2),))
+        jitted = jax.jit(step, in_shardings=shardings)
+        summary = parse_collectives(jitted.lower(state, batch).compile().as_text())
+        reduced[groups] = sum(c.count for c in summary.collectives if c.kind == "all-reduce")
+        out[groups] = jitted(state, batch)
+    # mlp:tiny has 4 parameter leaves: 2 microbatches x 4 reductions, against
+    # 4 once (XLA may fuse the leaves' reductions into fewer ops, never more).
+    assert reduced[8] < reduced[1], reduced
+    assert reduced[1] >= 2 * reduced[8], reduced
+    np.testing.assert_allclose(out[8][1]["loss"], out[1][1]["loss"], rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(out[8][0]), jax.tree.leaves(out[1][0]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_grad_groups_take_the_axes_the_steps_rules_put_its_batch_on():
+    """With a rule placing the activations' batch dims (a searched act_batch,
+    a model's activation_sharding), the groups take those axes and each
+    group's own rows are left to XLA: it compiles (the rule would otherwise
+    name dp twice in one constraint), reduces once, and updates alike."""
+    mesh = ss.create_mesh((4,), ("dp",), devices=jax.devices()[:4])
+    w = get_workload("gpt:tiny")  # batch 8: 4 rows at 2 microbatches
+    state, batch = w.init(0)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("dp"))
+    shardings = (jax.tree.map(lambda _: rep, state), jax.tree.map(lambda _: split, batch))
+    reduced, out = {}, {}
+    for setting in ((("microbatches", 2),), (("microbatches", 2), ("grad_groups", 4))):
+        step = under_rules(w.knobs.step(setting), {"batch": "dp"}, (("dp", 4),))
+        jitted = jax.jit(step, in_shardings=shardings)
+        summary = parse_collectives(jitted.lower(state, batch).compile().as_text())
+        reduced[setting] = sum(c.count for c in summary.collectives if c.kind == "all-reduce")
+        out[setting] = jitted(state, batch)
+    each, once = reduced.values()
+    assert each > once, reduced
+    first, second = out.values()
+    np.testing.assert_allclose(first[1]["loss"], second[1]["loss"], rtol=1e-5)
+
+
+def test_grad_groups_are_offered_at_the_meshs_group_sizes_and_refused_where_they_cannot_be(
+        mesh8, mesh24):
+    w = get_workload("mlp:tiny")  # batch 16: 8 rows at 2 microbatches
+    assert w.knobs.choices["grad_groups"] == (1, 2, 4, 8)
+    ctx, _ = make_context(w, None, mesh8, knobs=True)
+    assert ctx.knobs.choices["grad_groups"] == (1, 8)  # dp=8: only 8 devices split a batch
+    ctx, _ = make_context(w, None, mesh24, knobs=True)
+    assert ctx.knobs.choices["grad_groups"] == (1, 2, 4, 8)  # dp, tp, dp x tp
+    with pytest.raises(ValueError, match=r"grad_groups=4 does not divide a microbatch of 2 "
+                                         r"rows \(batch 16, microbatches=8\)"):
+        w.knobs.step((("microbatches", 8), ("grad_groups", 4)))
+    with pytest.raises(ValueError, match=r"microbatches=1 accumulates nothing"):
+        w.knobs.step((("grad_groups", 2),))
+    # gpt:tiny's batch of 8 cannot be kept apart over 8 devices: no such knob on dp=8.
+    ctx, _ = make_context(get_workload("gpt:tiny"), None, mesh8,
+                          knobs=("microbatches", "grad_groups"))
+    assert set(ctx.knobs.searched()) == {"microbatches"}
+
+
+def test_the_best_baselines_variants_accumulate_and_reduce_once(mesh8):
+    w = get_workload("mlp:tiny")
+    ctx, _ = make_context(w, None, mesh8, knobs=True)
+    dp = baseline_candidates(w, mesh8)["dp"]
+    devices = dp.batch_devices(ctx.abstract_args, {"dp": 8})
+    assert devices == 8
+    labels = set(knob_variants(dp, ctx.knobs, (), devices))
+    assert labels == {"dp~microbatches=2", "dp~microbatches=4", "dp~microbatches=8",
+                      "dp~microbatches=2,grad_groups=8"}  # 4 and 8 leave 4 and 2 rows
+    # A batch on fewer devices than any offered group: no such variant.
+    assert not any("grad_groups" in label
+                   for label in knob_variants(dp, ctx.knobs, (), 2))
+
+
+def test_a_knob_setting_the_factory_refuses_is_cut_before_compiling(mesh8, tmp_path):
+    """The sampler draws knobs independently, so a factory may be asked for a
+    combination it refuses (grad_groups that does not divide a microbatch):
+    that trial is cut with the factory's reason, and the search goes on."""
+    def picky(chunks: int = 1):
+        if chunks == 3:
+            raise ValueError("chunks=3 does not divide the batch of 32")
+        return make_step(chunks)
+
+    result = ss.optimize(ss.Knobs(picky, {"chunks": (1, 2, 3)}), _args(), mesh=mesh8,
+                         n_trials=12, storage=f"sqlite:///{tmp_path / 's.db'}",
+                         study_name="k", quiet=True, warmup=1, repeats=2, confirm_rounds=0,
+                         isolate=False)
+    refused = [t for t in result.trials if dict(t.knobs).get("chunks") == 3]
+    assert refused, [t.label for t in result.trials]  # the best baseline's variant at least
+    for t in refused:
+        assert (t.outcome.status, t.outcome.cut_stage) == ("cut", ss.search.Stage.CHECK)
+        assert t.outcome.reason == ("the step cannot be built with chunks=3: chunks=3 does "
+                                    "not divide the batch of 32")
+    assert any(dict(t.knobs).get("chunks") == 2 and t.outcome.status == "complete"
+               for t in result.trials)
+
+
 def test_a_workloads_default_setting_is_its_step():
     for name in ("mlp:tiny", "gpt:tiny", "llama:tiny"):
         w = get_workload(name)
         args = w.abstract()
         assert jaxpr_digest(jax.make_jaxpr(w.knobs.step(()))(*args)) == \
             jaxpr_digest(jax.make_jaxpr(w.step)(*args)), name
-    assert get_workload("mlp:tiny").knobs.describe() == {"microbatches": [1, 2, 4, 8]}
+    assert get_workload("mlp:tiny").knobs.describe() == {"microbatches": [1, 2, 4, 8],
+                                                        "grad_groups": [1, 2, 4, 8]}
     assert get_workload("llama:7b").knobs.choices["remat"] == ("full", "none", "selective")
     assert get_workload("gpt:tiny").knobs.choices["remat"] == ("none", "selective", "full")
 
@@ -193,7 +327,7 @@ def test_knobs_asked_of_a_step_that_declares_none_say_how(mesh8):
                                          r"pass the step as shardsearch.Knobs\(make_step"):
         make_context(make_step(), _args(), mesh8, knobs=True)
     with pytest.raises(ValueError, match=r"knobs \['remat'\] are not declared; the step's "
-                                         r"knobs are \['microbatches'\]"):
+                                         r"knobs are \['microbatches', 'grad_groups'\]"):
         make_context(get_workload("mlp:tiny"), None, mesh8, knobs=("remat",))
     # A workload's knobs are opt-in: its defaults are what it publishes.
     ctx, _ = make_context(get_workload("mlp:tiny"), None, mesh8)
@@ -239,7 +373,9 @@ def test_the_cli_searches_a_workloads_knobs_and_refuses_unknown_ones(tmp_path, m
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["knobs"]["microbatches"] in (1, 2, 4, 8)
     assert _cli.main(["show", "plan.json"]) == 0
-    assert f"step knobs: microbatches={plan['knobs']['microbatches']}" in capsys.readouterr().out
+    assert plan["knobs"]["grad_groups"] == 1  # every knob the workload declares, by value
+    assert (f"step knobs: grad_groups=1, microbatches={plan['knobs']['microbatches']}"
+            in capsys.readouterr().out)
     argv = ["optimize", *common, "--trials", "2", "--knobs", "remat", "--storage",
             f"sqlite:///{tmp_path / 't.db'}"]
     assert _cli.main(argv) == 2

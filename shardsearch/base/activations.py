@@ -167,6 +167,32 @@ def activation_rules(rules: Mapping[str, Entry], axes: Sequence[tuple[str, int]]
         _RULES.reset(token)
 
 
+def placed_on(name: str) -> tuple[str, ...]:
+    """The mesh axes the active rules put the points' `name` dims on; `()`
+    when no rule names it, or it keeps them whole."""
+    active = _RULES.get()
+    entry = None if active is None else active.rules.get(name)
+    return (entry,) if isinstance(entry, str) else tuple(entry or ())
+
+
+@contextlib.contextmanager
+def released(name: str) -> Iterator[None]:
+    """The points traced inside leave their `name` dims to XLA, whatever the
+    active rules say: for a function mapped over a dim that takes the rule's
+    axes instead (`jax.vmap(..., spmd_axis_name=placed_on(name))`), whose own
+    `name` dims the rule would otherwise put on the same axes again."""
+    active = _RULES.get()
+    if active is None or name not in active.rules:
+        yield
+        return
+    token = _RULES.set(_Active({k: v for k, v in active.rules.items() if k != name},
+                               active.axes))
+    try:
+        yield
+    finally:
+        _RULES.reset(token)
+
+
 def placing() -> bool:
     """Whether a point traced now is placed or recorded: rules are active, or
     `points` is tracing. Outside both `activation` traces nothing, so a

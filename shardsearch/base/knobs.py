@@ -25,6 +25,12 @@ from typing import Any
 
 Setting = tuple[tuple[str, Any], ...]
 
+# The knob over how many groups of each microbatch the gradient is kept apart
+# until the last one (`workloads._train.accumulate_gradients`): a search
+# offers it only at the device counts of its mesh's axis groups, where the
+# groups can be the devices' shares of the batch (`search.setup`).
+GRAD_GROUPS = "grad_groups"
+
 # What a knob's value may be: it is an Optuna categorical choice and goes into
 # plan files as JSON.
 _VALUE_TYPES = (type(None), bool, int, float, str)
@@ -119,6 +125,15 @@ class Knobs:
         if unknown:
             raise ValueError(f"knobs {unknown} are not declared; the step's knobs are "
                              f"{list(self.choices)}")
+
+    def narrowed(self, name: str, keep: Callable[[Any], bool]) -> Knobs:
+        """These knobs with `name`'s values cut to its default and those `keep`
+        accepts (itself when `name` is not a knob)."""
+        if name not in self.choices:
+            return self
+        first, *rest = self.choices[name]
+        return Knobs(self.make_step, {**self.choices,
+                                      name: (first, *(v for v in rest if keep(v)))})
 
     def values(self, setting: Setting) -> dict[str, Any]:
         """Every knob's value under `setting` (its defaults filled in)."""

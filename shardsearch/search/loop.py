@@ -268,7 +268,10 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     done = {r.label: r for r in runner.records if r.outcome.status == COMPLETE}
     best = min((done[label] for label in order if label in done),
                key=lambda r: r.outcome.value, default=None)
-    variants = (knob_variants(order[best.label], knobs, tensor_axes(setup.context.mesh))
+    mesh = setup.context.mesh
+    variants = (knob_variants(order[best.label], knobs, tensor_axes(mesh),
+                              order[best.label].batch_devices(setup.context.abstract_args,
+                                                              _mesh.axis_sizes(mesh)))
                 if best is not None else {})
     left = settings.n_trials - first
     now = min(len(variants), left)
@@ -436,6 +439,8 @@ class _Runner:
             outcome = Outcome("", CUT, Stage.CHECK, fp)
         elif fp in self.cache:
             outcome = _reuse(self.cache[fp])
+        elif (refused := self._refused(candidate)) is not None:
+            outcome = self.cache[fp] = Outcome(fp, CUT, Stage.CHECK, refused)
         elif (other := self.claims.acquire(fp, trial.number)) is not None:
             outcome = _reuse(other)  # another worker evaluated it
             self.cache[fp] = other
@@ -463,6 +468,16 @@ class _Runner:
             self.specs.setdefault(fp, specs)
         self.candidates[trial.number] = candidate
         return self.record(trial, candidate, outcome, start)            # record
+
+    def _refused(self, candidate: Candidate) -> str | None:
+        """Why the step's factory will not build the candidate's knobs (a
+        combination it refuses, such as `grad_groups` that does not divide a
+        microbatch), or None when it builds."""
+        try:
+            self.ctx.with_setting(candidate.knobs)
+        except (ValueError, TypeError) as err:
+            return f"the step cannot be built with {candidate.knobs_text}: {err}"
+        return None
 
     def record(self, trial: optuna.Trial, candidate: Candidate, outcome: Outcome,
                start: float) -> TrialRecord:

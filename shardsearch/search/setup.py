@@ -26,7 +26,7 @@ import numpy as np
 from ..base import activations as _activations
 from ..base import mesh as _mesh
 from ..base import tree as _tree
-from ..base.knobs import Knobs
+from ..base.knobs import GRAD_GROUPS, Knobs
 from ..base.target import Target, target_of
 from ..base.units import parse_bytes
 from ..base.warnings import ShardsearchWarning, warn_notes
@@ -411,6 +411,9 @@ def make_context(
     if offered:
         declared = _activations.with_activation_knobs(declared, step, offered,
                                                       tuple(_mesh.axis_sizes(mesh).items()))
+    if declared is not None:
+        groups = group_sizes(mesh)
+        declared = declared.narrowed(GRAD_GROUPS, lambda v: v in groups)
     knobs = searched_knobs(declared, settings.knobs, by_default)
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
@@ -472,6 +475,14 @@ def searched_knobs(declared: Knobs | None, chosen: bool | tuple[str, ...] | None
     except ValueError as err:
         raise ValueError(f"optimize: {err}") from None
     return knobs if knobs.searched() else None
+
+
+def group_sizes(mesh: jax.sharding.Mesh) -> frozenset[int]:
+    """The device counts of the groups of the mesh's axes (of size > 1): the
+    `grad_groups` a search offers, those that can be a batch split's devices."""
+    sizes = {a: n for a, n in _mesh.axis_sizes(mesh).items() if n > 1}
+    return frozenset(math.prod(sizes[a] for a in key.split(","))
+                     for key in group_choices(list(sizes)) if key != "-")
 
 
 def _wants_activations(chosen: bool | tuple[str, ...] | None) -> bool:

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..base import activations as _activations
+
 LossFn = Callable[[Any, dict], tuple[jax.Array, dict]]
 
 
@@ -148,8 +150,8 @@ def token_cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     return total / (b * s)
 
 
-def make_train_step(loss_fn: LossFn, adam: Adam,
-                    microbatches: int = 1) -> Callable[[dict, dict], tuple[dict, dict]]:
+def make_train_step(loss_fn: LossFn, adam: Adam, microbatches: int = 1,
+                    grad_groups: int = 1) -> Callable[[dict, dict], tuple[dict, dict]]:
     """Builds `step(state, batch) -> (state, metrics)` around a loss.
 
     Args:
@@ -161,15 +163,24 @@ def make_train_step(loss_fn: LossFn, adam: Adam,
             batch (`accumulate_gradients`), one Adam update at the end: the
             same update on the same global batch, with the activations of
             one slice alive at a time. 1: the whole batch at once.
+        grad_groups: keep the gradients of this many groups of each slice
+            apart and add them up once, after the last slice
+            (`accumulate_gradients`); with one group per device the batch is
+            split over, the data-parallel reduction runs once per step
+            instead of once per slice. Only with `microbatches` > 1.
 
     Returns:
         An un-jitted step. `state` is `{"params": ..., "opt": {"mu", "nu",
         "count"}}`; `metrics` is `{"loss": loss, **extra_metrics}`, computed
         on the parameters before the update.
     """
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-        raise ValueError(f"make_train_step: microbatches must be an int >= 1, got "
-                         f"{microbatches!r}")
+    for name, value in (("microbatches", microbatches), ("grad_groups", grad_groups)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"make_train_step: {name} must be an int >= 1, got {value!r}")
+    if grad_groups > 1 and microbatches == 1:
+        raise ValueError(f"make_train_step: grad_groups={grad_groups} keeps the gradients "
+                         "of the microbatches' groups apart, but microbatches=1 accumulates "
+                         "nothing; pass microbatches > 1 or grad_groups=1")
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def step(state: dict, batch: dict) -> tuple[dict, dict]:
@@ -177,7 +188,7 @@ def make_train_step(loss_fn: LossFn, adam: Adam,
             (loss, extra), grads = grad_fn(state["params"], batch)
         else:
             (loss, extra), grads = accumulate_gradients(grad_fn, state["params"], batch,
-                                                        microbatches)
+                                                        microbatches, grad_groups)
         params, opt = adam_update(adam, state["params"], grads, state["opt"])
         return {"params": params, "opt": opt}, {"loss": loss, **extra}
 
@@ -185,7 +196,8 @@ def make_train_step(loss_fn: LossFn, adam: Adam,
 
 
 def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, dict], Any]],
-                         params: Any, batch: Any, k: int) -> tuple[tuple[jax.Array, dict], Any]:
+                         params: Any, batch: Any, k: int,
+                         groups: int = 1) -> tuple[tuple[jax.Array, dict], Any]:
     """`grad_fn(params, batch)` as the mean over `k` equal slices of the batch.
 
     Slice `j` takes rows `j, j + k, j + 2k, ...` of every batch leaf (a
@@ -196,31 +208,67 @@ def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, di
     gradient and extra metrics are those of the whole batch when the loss is
     a mean over it (to rounding).
 
+    With `groups` > 1 each slice is cut again into `groups` contiguous blocks
+    of rows, and `grad_fn` runs on each block apart (`jax.vmap`): the sum
+    carried from slice to slice holds one gradient per block, `[groups,
+    *param.shape]`, and the blocks are added once, after the scan. When the
+    blocks are the devices' shares of the batch (groups = the devices the
+    batch dim is split over), no device needs another's gradient until then,
+    so the reduction over the batch axes (an all-reduce, or a reduce-scatter
+    for sharded parameters) runs once per step, not once per slice. The
+    price: each device holds its block's whole gradient of every parameter
+    not split over those axes, as before, but also of the parameters that
+    are (FSDP), which a per-slice reduce-scatter would have split.
+
     Raises:
-        ValueError: a batch leaf's leading dim is not divisible by `k`.
+        ValueError: a batch leaf's leading dim is not divisible by `k`, or a
+            slice's by `groups`.
     """
     def split(x: jax.Array) -> jax.Array:
         if x.ndim == 0 or x.shape[0] % k:
             raise ValueError(f"microbatches={k} must divide every batch leaf's leading dim; "
                              f"got a leaf of shape {tuple(x.shape)}")
-        return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+        if (x.shape[0] // k) % groups:
+            raise ValueError(f"grad_groups={groups} must divide every microbatch's rows; got "
+                             f"{x.shape[0] // k} (a leaf of shape {tuple(x.shape)}, "
+                             f"microbatches={k})")
+        x = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+        return x if groups == 1 else x.reshape(k, groups, -1, *x.shape[2:])
 
     slices = jax.tree_util.tree_map(split, batch)
-    zero = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    shapes = jax.eval_shape(grad_fn, params, jax.tree_util.tree_map(lambda x: x[0], slices))
-    (_, extra_shape), _ = shapes
+    lead = () if groups == 1 else (groups,)
+    each = grad_fn
+    if groups > 1:
+        # The groups take the axes the step's rules put its batch dims on (a
+        # searched `act_batch`, a model's `activation_sharding`); inside, each
+        # group's own rows are left to XLA, not put on those axes again.
+        mapped = jax.vmap(grad_fn, in_axes=(None, 0),
+                          spmd_axis_name=_activations.placed_on("batch") or None)
+
+        def each(params: Any, piece: Any) -> Any:
+            with _activations.released("batch"):
+                return mapped(params, piece)
+    zero = jax.tree_util.tree_map(lambda p: jnp.zeros((*lead, *p.shape), jnp.float32), params)
+    shapes = jax.eval_shape(each, params, jax.tree_util.tree_map(lambda x: x[0], slices))
+    (loss_shape, extra_shape), _ = shapes
     extra0 = jax.tree_util.tree_map(lambda e: jnp.zeros(e.shape, jnp.float32), extra_shape)
 
     def one(carry: tuple, piece: Any) -> tuple[tuple, None]:
         total, loss_sum, extra_sum = carry
-        (loss, extra), grads = grad_fn(params, piece)
+        (loss, extra), grads = each(params, piece)
         total = jax.tree_util.tree_map(lambda t, g: t + g.astype(jnp.float32), total, grads)
         extra_sum = jax.tree_util.tree_map(lambda t, e: t + e.astype(jnp.float32),
                                            extra_sum, extra)
         return (total, loss_sum + loss.astype(jnp.float32), extra_sum), None
 
     (total, loss_sum, extra_sum), _ = jax.lax.scan(
-        one, (zero, jnp.zeros((), jnp.float32), extra0), slices)
-    grads = jax.tree_util.tree_map(lambda t, p: (t / k).astype(p.dtype), total, params)
-    extra = jax.tree_util.tree_map(lambda t, e: (t / k).astype(e.dtype), extra_sum, extra_shape)
-    return (loss_sum / k, extra), grads
+        one, (zero, jnp.zeros(loss_shape.shape, jnp.float32), extra0), slices)
+    n = k * groups
+
+    def mean(total: jax.Array, like: Any) -> jax.Array:
+        """A sum over the slices (and the groups) as the mean, in `like`'s dtype."""
+        return ((total.sum(0) if groups > 1 else total) / n).astype(like.dtype)
+
+    grads = jax.tree_util.tree_map(mean, total, params)
+    extra = jax.tree_util.tree_map(mean, extra_sum, extra_shape)
+    return (mean(loss_sum, loss_sum), extra), grads

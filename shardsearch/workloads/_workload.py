@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..base.knobs import Knobs
+from ..base.knobs import GRAD_GROUPS, Knobs
 from . import _params, _train
 
 StepFn = Callable[[Any, Any], tuple[Any, dict]]
@@ -126,7 +126,11 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
 
     Returns:
         The workload, with its knobs: `microbatches` (the divisors of the
-        batch among 1, 2, 4, 8; `_train.accumulate_gradients`) and `remat`.
+        batch among 1, 2, 4, 8; `_train.accumulate_gradients`), `remat`, and
+        `grad_groups` (how many groups of each microbatch keep their
+        gradients apart until the last one: the divisors of the rows of the
+        largest accumulated microbatch; a combination whose microbatch it
+        does not divide is refused when its step is built).
     """
 
     def layout(params: dict) -> dict:
@@ -161,10 +165,21 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
     if remat is not None:
         own, loss_for = remat
         choices["remat"] = (own, *(p for p in REMAT_CHOICES if p != own))
+    if len(choices["microbatches"]) > 1:
+        # Every count the rows of the largest accumulated microbatch split
+        # into evenly; a search keeps those that are the device count of a
+        # group of its mesh's axes.
+        rows = batch // choices["microbatches"][1]
+        choices[GRAD_GROUPS] = (1, *(g for g in range(2, rows + 1) if rows % g == 0))
 
-    def make_step(microbatches: int = 1, remat: str | None = None) -> StepFn:
+    def make_step(microbatches: int = 1, remat: str | None = None,
+                  grad_groups: int = 1) -> StepFn:
+        if grad_groups > 1 and (batch // max(microbatches, 1)) % grad_groups:
+            raise ValueError(f"{name}: grad_groups={grad_groups} does not divide a microbatch "
+                             f"of {batch // max(microbatches, 1)} rows (batch {batch}, "
+                             f"microbatches={microbatches}); pick a divisor of it")
         loss = loss_fn if remat is None or remat == choices["remat"][0] else loss_for(remat)
-        return _train.make_train_step(loss, adam, microbatches)
+        return _train.make_train_step(loss, adam, microbatches, grad_groups)
 
     return Workload(
         name=name,

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+from jax.sharding import PartitionSpec as P
+
 from ...base.activations import PREFIX as ACTIVATION_KNOB
-from ...base.knobs import Knobs, Setting, setting_text
+from ...base.knobs import GRAD_GROUPS, Knobs, Setting, setting_text
+from ...base.spec import entry_axes
 from ...rules.base import ShardingRule, argument_notes, argument_specs
 
 
@@ -58,6 +63,16 @@ class Candidate:
         """Spec trees for `(state, *batch)`."""
         return argument_specs(self.state_rule, self.batch_rule, args)
 
+    def batch_devices(self, args: Sequence[Any], axis_sizes: Mapping[str, int]) -> int:
+        """How many devices split the leading dim of the batch's first leaf
+        that has one (1: replicated, or no such leaf)."""
+        for tree, argument in zip(self.specs(args)[1:], args[1:], strict=True):
+            specs = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, P))
+            for spec, leaf in zip(specs, jax.tree_util.tree_leaves(argument), strict=True):
+                if len(getattr(leaf, "shape", ())) >= 1:
+                    return math.prod(axis_sizes[a] for a in entry_axes(spec[0] if spec else None))
+        return 1
+
     def notes(self, args: Sequence[Any]) -> tuple[str, ...]:
         """What its rules decided by fallback on `(state, *batch)` (`base.warnings` notes)."""
         return argument_notes(self.state_rule, self.batch_rule, args)
@@ -80,8 +95,8 @@ def is_variant(label: str) -> bool:
 SEQUENCE_PARALLEL = ("seq", "heads", "kv_heads", "mlp")
 
 
-def knob_variants(candidate: Candidate, knobs: Knobs,
-                  tensor: tuple[str, ...] = ()) -> dict[str, Candidate]:
+def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = (),
+                  batch_devices: int = 1) -> dict[str, Candidate]:
     """`candidate`'s sharding with each single knob changed to each of its
     other values: how an expert tunes a plan they trust (remat off, two
     microbatches), one change at a time, labelled
@@ -90,7 +105,11 @@ def knob_variants(candidate: Candidate, knobs: Knobs,
     sampler, a dozen values of half a dozen names, except for the one move
     experts make with them: with `tensor` axes and an `act_seq` knob, one
     variant puts every `SEQUENCE_PARALLEL` point that offers them on them
-    (Megatron-LM's sequence parallelism).
+    (Megatron-LM's sequence parallelism). `grad_groups` alone changes nothing
+    worth a trial; with each `microbatches` value there is one variant more
+    that keeps the gradients of the `batch_devices` devices the candidate
+    splits the batch over apart until the last microbatch (accumulated, and
+    reduced once), where the step's factory builds it.
 
     Example:
       `knob_variants(fsdp, Knobs(f, {"remat": ("full", "none")}))` →
@@ -99,18 +118,29 @@ def knob_variants(candidate: Candidate, knobs: Knobs,
     if candidate.knobs:
         return {}
     out = {}
-    for name, values in knobs.searched().items():
-        if name.startswith(ACTIVATION_KNOB):
+
+    def add(values: dict[str, Any]) -> None:
+        setting = knobs.setting(values)
+        label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"
+        out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+
+    searched = knobs.searched()
+    for name, values in searched.items():
+        if name.startswith(ACTIVATION_KNOB) or name == GRAD_GROUPS:
             continue
         for value in values[1:]:
-            setting = knobs.setting({name: value})
-            label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"
-            out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+            add({name: value})
+    if batch_devices in searched.get(GRAD_GROUPS, ())[1:]:
+        for k in searched.get("microbatches", ())[1:]:
+            values = {"microbatches": k, GRAD_GROUPS: batch_devices}
+            try:
+                knobs.step(knobs.setting(values))
+            except (ValueError, TypeError):
+                continue  # the factory refuses it: too few rows per microbatch
+            add(values)
     group = ",".join(tensor)
     chosen = {f"{ACTIVATION_KNOB}{n}": group for n in SEQUENCE_PARALLEL
               if group in knobs.searched().get(f"{ACTIVATION_KNOB}{n}", ())}
     if f"{ACTIVATION_KNOB}seq" in chosen:
-        setting = knobs.setting(chosen)
-        label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"
-        out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+        add(chosen)
     return out
