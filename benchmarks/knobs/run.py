@@ -8,7 +8,7 @@ gradient accumulation over `k` microbatches or another remat policy
 memory and what the static objective estimates, per setting; nothing runs.
 
     python benchmarks/knobs/run.py --entries maxtext-22b-v4-64-fsdp \
-        --settings microbatches=2 --settings microbatches=4 [--out DIR]
+        --settings microbatches=2 --settings microbatches=4 [--plan NAME] [--out DIR]
 
 writes `DIR/knobs.json` (every figure, appended per entry and setting) and
 `DIR/knobs.md`, default DIR `benchmarks/results/knobs`.
@@ -57,22 +57,24 @@ def parse_setting(text: str) -> dict:
     return out
 
 
-def compile_entry(suite, entry, setting: dict) -> dict:
+def compile_entry(suite, entry, setting: dict, plan_name: str | None = None) -> dict:
     chip = entry.hardware or suite.hardware
     mesh = entry_mesh(suite, entry)
     workload = get_workload(entry.workload_name)
-    plan = expert_plan(workload, mesh, entry.published.plan)
+    plan_name = plan_name or entry.published.plan
+    plan = expert_plan(workload, mesh, plan_name)
     ctx, _ = make_context(workload, None, mesh, objective="static", hardware=ss.HARDWARE[chip],
                           dcn_axes=entry.dcn_axes, knobs=tuple(setting) or False)
     knobs = ctx.knobs.setting(setting) if ctx.knobs is not None else ()
-    candidate = Candidate(plan.state_rule, plan.batch_rule, entry.published.plan, knobs=knobs)
+    candidate = Candidate(plan.state_rule, plan.batch_rule, plan_name, knobs=knobs)
     specs, fp = resolve(candidate, ctx)
     start = time.perf_counter()
     outcome = evaluate(specs, fp, ctx.with_setting(knobs))
-    return {"entry": entry.id, "chip": chip, "plan": entry.published.plan,
+    return {"entry": entry.id, "chip": chip, "plan": plan_name,
             "knobs": setting, "status": outcome.status.value,
             "cut_stage": outcome.cut_stage.value if outcome.cut_stage else None,
             "reason": outcome.reason, "estimate": outcome.estimate,
+            "collective_bytes": outcome.collective_bytes,
             "memory": outcome.memory, "chip_memory": ctx.chip_memory(),
             "budget": ctx.budget, "seconds": time.perf_counter() - start,
             "command": " ".join([COMMAND, *sys.argv[1:]])}
@@ -132,8 +134,8 @@ def search_table(rows: list[dict]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| entry | knobs | status | memory GiB (args + temps) | chip GiB | estimate s |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| entry | plan | knobs | status | memory GiB (args + temps) | chip GiB | "
+             "collectives GB | estimate s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["memory"]
         mem = (f"{m['total'] / GiB:.1f} ({m.get('argument', 0) / GiB:.1f} + "
@@ -141,8 +143,10 @@ def table(rows: list[dict]) -> str:
         knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items()) or "as published"
         est = f"{r['estimate']:.2f}" if r["estimate"] is not None else "-"
         status = r["status"] + (f" at {r['cut_stage']}" if r["cut_stage"] else "")
-        lines.append(f"| {r['entry']} | {knobs} | {status} | {mem} | "
-                     f"{r['chip_memory'] / GiB:.1f} | {est} |")
+        moved = r.get("collective_bytes")
+        moved = "-" if moved is None or r["estimate"] is None else f"{moved / 1e9:.1f}"
+        lines.append(f"| {r['entry']} | {r['plan']} | {knobs} | {status} | {mem} | "
+                     f"{r['chip_memory'] / GiB:.1f} | {moved} | {est} |")
     return "\n".join(lines)
 
 
@@ -150,6 +154,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--entries", required=True)
     p.add_argument("--settings", action="append", default=[])
+    p.add_argument("--plan", help="compile this expert plan (megatron_do, fsdp_tp, ...) "
+                   "instead of the published one")
     p.add_argument("--search", type=int, metavar="TRIALS",
                    help="search the knobs with the sharding instead (see above)")
     p.add_argument("--study-tag", default="knobs",
@@ -180,10 +186,12 @@ def main() -> int:
     for entry_id in a.entries.split(","):
         for text in ["", *a.settings]:
             setting = parse_setting(text) if text else {}
-            row = compile_entry(suite, by_id[entry_id], setting)
-            print(json.dumps({k: row[k] for k in ("entry", "knobs", "status", "reason",
+            row = compile_entry(suite, by_id[entry_id], setting, a.plan)
+            print(json.dumps({k: row[k] for k in ("entry", "plan", "knobs", "status", "reason",
                                                   "estimate", "seconds")}), flush=True)
-            rows = [r for r in rows if (r["entry"], r["knobs"]) != (entry_id, setting)] + [row]
+            rows = [r for r in rows
+                    if (r["entry"], r["plan"], r["knobs"]) != (entry_id, row["plan"], setting)
+                    ] + [row]
             path.write_text(json.dumps(rows, indent=1) + "\n")
     (out / "knobs.md").write_text(
         "# The published plans with the step's knobs changed (compiled for the chip)\n\n"

@@ -66,6 +66,10 @@ class _Seen:
     named: dict[tuple[str | None, ...], bool]
 
 
+# The names `released` leaves to XLA.
+_RELEASED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "shardsearch_activation_released", default=frozenset())
+
 _SEEN: contextvars.ContextVar[_Seen | None] = contextvars.ContextVar(
     "shardsearch_activation_points", default=None)
 
@@ -107,6 +111,8 @@ def activation(x: jax.Array, names: Sequence[str | None], *,
             if isinstance(name, str):
                 seen.sizes.setdefault(name, set()).add(int(size))
     active = _RULES.get()
+    out = _RELEASED.get()
+    names = tuple(P.UNCONSTRAINED if n in out else n for n in names)
     if active is None or not any(isinstance(n, str) and n in active.rules for n in names):
         return x
     mesh = AbstractMesh(tuple(s for _, s in active.axes), tuple(a for a, _ in active.axes))
@@ -177,20 +183,16 @@ def placed_on(name: str) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def released(name: str) -> Iterator[None]:
-    """The points traced inside leave their `name` dims to XLA, whatever the
-    active rules say: for a function mapped over a dim that takes the rule's
-    axes instead (`jax.vmap(..., spmd_axis_name=placed_on(name))`), whose own
-    `name` dims the rule would otherwise put on the same axes again."""
-    active = _RULES.get()
-    if active is None or name not in active.rules:
-        yield
-        return
-    token = _RULES.set(_Active({k: v for k, v in active.rules.items() if k != name},
-                               active.axes))
+    """The points traced inside leave their `name` dims to XLA, whatever rules
+    are active or become active inside (a model's own): for a function mapped
+    over a dim that takes the rule's axes instead (`jax.vmap(...,
+    spmd_axis_name=placed_on(name))`), whose own `name` dims the rule would
+    otherwise put on the same axes again."""
+    token = _RELEASED.set(_RELEASED.get() | {name})
     try:
         yield
     finally:
-        _RULES.reset(token)
+        _RELEASED.reset(token)
 
 
 def placing() -> bool:

@@ -9,12 +9,14 @@ moments alike.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from ..base import activations as _activations
 
@@ -236,7 +238,6 @@ def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, di
         return x if groups == 1 else x.reshape(k, groups, -1, *x.shape[2:])
 
     slices = jax.tree_util.tree_map(split, batch)
-    lead = () if groups == 1 else (groups,)
     each = grad_fn
     if groups > 1:
         # The groups take the axes the step's rules put its batch dims on (a
@@ -248,21 +249,34 @@ def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, di
         def each(params: Any, piece: Any) -> Any:
             with _activations.released("batch"):
                 return mapped(params, piece)
-    zero = jax.tree_util.tree_map(lambda p: jnp.zeros((*lead, *p.shape), jnp.float32), params)
-    shapes = jax.eval_shape(each, params, jax.tree_util.tree_map(lambda x: x[0], slices))
-    (loss_shape, extra_shape), _ = shapes
-    extra0 = jax.tree_util.tree_map(lambda e: jnp.zeros(e.shape, jnp.float32), extra_shape)
+
+    def wide(tree: Any) -> Any:
+        """Kept-apart sums in float32, their groups where the batch's rule puts
+        the batch (the sums of one group, as `grad_groups=1` carries them)."""
+        if groups == 1:
+            return tree
+        return jax.tree_util.tree_map(lambda x: _activations.activation(
+            x.astype(jnp.float32), ("batch", *[P.UNCONSTRAINED] * (x.ndim - 1))), tree)
 
     def one(carry: tuple, piece: Any) -> tuple[tuple, None]:
         total, loss_sum, extra_sum = carry
         (loss, extra), grads = each(params, piece)
-        total = jax.tree_util.tree_map(lambda t, g: t + g.astype(jnp.float32), total, grads)
-        extra_sum = jax.tree_util.tree_map(lambda t, e: t + e.astype(jnp.float32),
-                                           extra_sum, extra)
-        return (total, loss_sum + loss.astype(jnp.float32), extra_sum), None
+        add = functools.partial(jax.tree_util.tree_map, lambda t, g: t + g.astype(jnp.float32))
+        return (wide(add(total, grads)), loss_sum + loss.astype(jnp.float32),
+                add(extra_sum, extra)), None
 
-    (total, loss_sum, extra_sum), _ = jax.lax.scan(
-        one, (zero, jnp.zeros(loss_shape.shape, jnp.float32), extra0), slices)
+    (_, extra_shape), _ = jax.eval_shape(
+        each, params, jax.tree_util.tree_map(lambda x: x[0], slices))
+    lead = () if groups == 1 else (groups,)
+    # The kept-apart sums start placed like the sums they carry (unplaced,
+    # the GPU compiler folded a 7B model's [groups, *param] zeros into one
+    # host literal and failed).
+    start = (wide(jax.tree_util.tree_map(lambda p: jnp.zeros((*lead, *p.shape), jnp.float32),
+                                         params)),
+             jnp.zeros(lead, jnp.float32),
+             wide(jax.tree_util.tree_map(lambda e: jnp.zeros(e.shape, jnp.float32),
+                                         extra_shape)))
+    (total, loss_sum, extra_sum), _ = jax.lax.scan(one, start, slices)
     n = k * groups
 
     def mean(total: jax.Array, like: Any) -> jax.Array:
