@@ -4,15 +4,19 @@ with the sharding, checked against the step as given, and exported."""
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optuna
 import pytest
+from jaxprs import constraints
 
 import shardsearch as ss
+from shardsearch.base.activations import under_rules
 from shardsearch.cli import main as _cli
+from shardsearch.cost.hlo import parse_collectives
 from shardsearch.search import (
     Candidate,
     baseline_candidates,
@@ -22,11 +26,12 @@ from shardsearch.search import (
     make_context,
     resolve,
 )
-from shardsearch.base.activations import under_rules
-from shardsearch.cost.hlo import parse_collectives
 from shardsearch.search.execution.transport import jaxpr_digest
 from shardsearch.search.space.candidate import knob_variants
 from shardsearch.workloads import get_workload
+from shardsearch.workloads._activations import ActivationSharding
+from shardsearch.workloads._llama import LlamaConfig
+from shardsearch.workloads._llama import build as build_llama
 from shardsearch.workloads._train import accumulate_gradients
 
 
@@ -155,6 +160,12 @@ def test_gradients_kept_apart_by_group_are_the_whole_batchs(groups):
     with pytest.raises(ValueError, match=r"grad_groups=3 must divide every microbatch's "
                                          r"rows; got 8"):
         accumulate_gradients(grad_fn, w, batch, 2, 3)
+    # Added over the groups in bfloat16 (a bfloat16 model's one reduction):
+    # the same gradient to bfloat16's precision, in the parameters' dtype.
+    (_, _), low = accumulate_gradients(grad_fn, w, batch, 2, groups, jnp.bfloat16)
+    assert low.dtype == jnp.float32
+    np.testing.assert_allclose(low, want, rtol=2e-2)
+    assert not np.array_equal(np.asarray(low), np.asarray(grads))  # it was rounded
 
 
 def test_grad_groups_move_the_data_parallel_reduction_out_of_the_microbatch_loop(mesh8):
@@ -205,6 +216,43 @@ def test_grad_groups_take_the_axes_the_steps_rules_put_its_batch_on():
     assert each > once, reduced
     first, second = out.values()
     np.testing.assert_allclose(first[1]["loss"], second[1]["loss"], rtol=1e-5)
+
+
+def test_grad_groups_on_a_model_that_pins_its_batch_reduce_once_in_its_dtype():
+    """A bfloat16 model with `activation_sharding` (the published rows): the
+    whole step runs under the model's batch rule, the groups take dp, and the
+    one reduction is in bfloat16: fewer all-reduces over dp, and fewer bytes
+    than the two per-microbatch ones (float32 once would move as many)."""
+    mesh = ss.create_mesh((4,), ("dp",), devices=jax.devices()[:4])
+    cfg = LlamaConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192,
+                      seq=32, batch=8, compute_dtype="bfloat16",
+                      activation_sharding=ActivationSharding((("dp", 4),), ("dp",)))
+    w = build_llama("llama:pinned", cfg)
+    state, batch = w.init(0)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("dp"))
+    shardings = (jax.tree.map(lambda _: rep, state), jax.tree.map(lambda _: split, batch))
+    moved, out = {}, {}
+    for setting in ((("microbatches", 2),), (("microbatches", 2), ("grad_groups", 4))):
+        jitted = jax.jit(w.knobs.step(setting), in_shardings=shardings)
+        summary = parse_collectives(jitted.lower(state, batch).compile().as_text())
+        ops = [c for c in summary.collectives if c.kind == "all-reduce"]
+        moved[setting] = (sum(c.count for c in ops), sum(c.bytes * c.count for c in ops))
+        out[setting] = jitted(state, batch)
+    (each_ops, each_bytes), (once_ops, once_bytes) = moved.values()
+    assert once_ops < each_ops and once_bytes <= each_bytes / 2, moved
+    first, second = out.values()
+    np.testing.assert_allclose(first[1]["loss"], second[1]["loss"], rtol=1e-3)
+    # XLA:CPU widens bfloat16, so the bytes cannot show the dtype; the program can.
+    args = w.abstract()
+    step = w.knobs.step((("microbatches", 2), ("grad_groups", 4)))
+    # The kept-apart sums are placed on dp, which the model's rule alone (inside
+    # its loss) would not do: the step runs under it.
+    assert any(spec[:1] == ("dp",) for spec in constraints(step, *args))
+    # The one reduction over the groups is a bfloat16 sum of [4, ...] values.
+    text = str(jax.make_jaxpr(step)(*args))
+    assert re.search(r"bf16\[[\d,]*\] = reduce_sum\[[^\]]*axes=\(0,\)[^\n]*\n?", text) and \
+        re.search(r":bf16\[4,", text), "no bfloat16 sum over the groups"
 
 
 def test_grad_groups_are_offered_at_the_meshs_group_sizes_and_refused_where_they_cannot_be(

@@ -152,8 +152,8 @@ def token_cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     return total / (b * s)
 
 
-def make_train_step(loss_fn: LossFn, adam: Adam, microbatches: int = 1,
-                    grad_groups: int = 1) -> Callable[[dict, dict], tuple[dict, dict]]:
+def make_train_step(loss_fn: LossFn, adam: Adam, microbatches: int = 1, grad_groups: int = 1,
+                    reduce_dtype: Any = None) -> Callable[[dict, dict], tuple[dict, dict]]:
     """Builds `step(state, batch) -> (state, metrics)` around a loss.
 
     Args:
@@ -170,6 +170,9 @@ def make_train_step(loss_fn: LossFn, adam: Adam, microbatches: int = 1,
             (`accumulate_gradients`); with one group per device the batch is
             split over, the data-parallel reduction runs once per step
             instead of once per slice. Only with `microbatches` > 1.
+        reduce_dtype: the dtype the groups' gradients are added in (None:
+            float32); the model's compute dtype moves what a per-slice
+            reduction of its gradients would (bfloat16: half of float32).
 
     Returns:
         An un-jitted step. `state` is `{"params": ..., "opt": {"mu", "nu",
@@ -190,7 +193,7 @@ def make_train_step(loss_fn: LossFn, adam: Adam, microbatches: int = 1,
             (loss, extra), grads = grad_fn(state["params"], batch)
         else:
             (loss, extra), grads = accumulate_gradients(grad_fn, state["params"], batch,
-                                                        microbatches, grad_groups)
+                                                        microbatches, grad_groups, reduce_dtype)
         params, opt = adam_update(adam, state["params"], grads, state["opt"])
         return {"params": params, "opt": opt}, {"loss": loss, **extra}
 
@@ -198,8 +201,8 @@ def make_train_step(loss_fn: LossFn, adam: Adam, microbatches: int = 1,
 
 
 def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, dict], Any]],
-                         params: Any, batch: Any, k: int,
-                         groups: int = 1) -> tuple[tuple[jax.Array, dict], Any]:
+                         params: Any, batch: Any, k: int, groups: int = 1,
+                         reduce_dtype: Any = None) -> tuple[tuple[jax.Array, dict], Any]:
     """`grad_fn(params, batch)` as the mean over `k` equal slices of the batch.
 
     Slice `j` takes rows `j, j + k, j + 2k, ...` of every batch leaf (a
@@ -220,7 +223,10 @@ def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, di
     for sharded parameters) runs once per step, not once per slice. The
     price: each device holds its block's whole gradient of every parameter
     not split over those axes, as before, but also of the parameters that
-    are (FSDP), which a per-slice reduce-scatter would have split.
+    are (FSDP), which a per-slice reduce-scatter would have split. The
+    groups' gradients are added in `reduce_dtype` (float32 when None): the
+    one reduction moves those bytes, so a bfloat16 model's, reduced in
+    bfloat16 as XLA reduces its per-slice gradients, moves half.
 
     Raises:
         ValueError: a batch leaf's leading dim is not divisible by `k`, or a
@@ -283,6 +289,13 @@ def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, di
         """A sum over the slices (and the groups) as the mean, in `like`'s dtype."""
         return ((total.sum(0) if groups > 1 else total) / n).astype(like.dtype)
 
-    grads = jax.tree_util.tree_map(mean, total, params)
+    def reduced(total: jax.Array, like: Any) -> jax.Array:
+        """The gradient's sum over the groups (the one reduction), in `reduce_dtype`."""
+        if groups == 1 or reduce_dtype is None:
+            return mean(total, like)
+        return (total.astype(reduce_dtype).sum(0, dtype=reduce_dtype).astype(jnp.float32)
+                / n).astype(like.dtype)
+
+    grads = jax.tree_util.tree_map(reduced, total, params)
     extra = jax.tree_util.tree_map(mean, extra_sum, extra_shape)
     return (mean(loss_sum, loss_sum), extra), grads

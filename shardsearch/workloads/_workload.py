@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..base.knobs import GRAD_GROUPS, Knobs
-from . import _params, _train
+from . import _activations, _params, _train
 
 StepFn = Callable[[Any, Any], tuple[Any, dict]]
 
@@ -104,7 +104,9 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
              make_batch: Callable[[np.random.Generator], dict], loss_fn: _train.LossFn,
              adam: _train.Adam, flops_per_step: float, n_params: int, stacked: bool,
              dims: Mapping[str, int], abstract_only: bool,
-             remat: tuple[str, Callable[[str], _train.LossFn]] | None = None) -> Workload:
+             remat: tuple[str, Callable[[str], _train.LossFn]] | None = None,
+             activation_sharding: _activations.ActivationSharding | None = None,
+             compute_dtype: str | None = None) -> Workload:
     """Builds a built-in `Workload` from a model's pieces.
 
     Args:
@@ -123,6 +125,11 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
         remat: `(the model's remat policy, loss for a policy)` when its
             blocks can be rematerialised: the `remat` knob then offers every
             policy of `REMAT_CHOICES`, the model's own first.
+        activation_sharding: the batch axes the model pins its activations
+            to (inside its loss); a step with `grad_groups` runs wholly under
+            them, so that the kept-apart gradients take those axes too.
+        compute_dtype: the model's ("bfloat16"): `grad_groups` adds the
+            groups' gradients in it (None: float32).
 
     Returns:
         The workload, with its knobs: `microbatches` (the divisors of the
@@ -179,7 +186,17 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
                              f"of {batch // max(microbatches, 1)} rows (batch {batch}, "
                              f"microbatches={microbatches}); pick a divisor of it")
         loss = loss_fn if remat is None or remat == choices["remat"][0] else loss_for(remat)
-        return _train.make_train_step(loss, adam, microbatches, grad_groups)
+        step = _train.make_train_step(loss, adam, microbatches, grad_groups,
+                                      None if compute_dtype in (None, "float32") else
+                                      jnp.dtype(compute_dtype))
+        if grad_groups == 1 or activation_sharding is None:
+            return step
+
+        def pinned(state: dict, batch: dict) -> tuple[dict, dict]:
+            with _activations.placed(activation_sharding):
+                return step(state, batch)
+
+        return pinned
 
     return Workload(
         name=name,
@@ -262,4 +279,6 @@ def token_workload(name: str, cfg: Any, param_spec: dict, loss_fn: Callable[...,
         loss_fn=lambda params, batch: loss_fn(cfg, params, batch),
         adam=_train.Adam(cfg.learning_rate), flops_per_step=flops_per_step,
         n_params=n_params, stacked=cfg.stacked, abstract_only=cfg.abstract_only, dims=dims,
-        remat=(remat_name(cfg.remat), loss_for))
+        remat=(remat_name(cfg.remat), loss_for),
+        activation_sharding=getattr(cfg, "activation_sharding", None),
+        compute_dtype=getattr(cfg, "compute_dtype", None))
