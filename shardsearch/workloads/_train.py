@@ -221,9 +221,11 @@ def accumulate_gradients(grad_fn: Callable[[Any, Any], tuple[tuple[jax.Array, di
     batch dim is split over), no device needs another's gradient until then,
     so the reduction over the batch axes (an all-reduce, or a reduce-scatter
     for sharded parameters) runs once per step, not once per slice. The
-    price: each device holds its block's whole gradient of every parameter
-    not split over those axes, as before, but also of the parameters that
-    are (FSDP), which a per-slice reduce-scatter would have split. The
+    price: each device holds its block's whole float32 gradient until then,
+    also where XLA would have reduce-scattered each slice's gradient into a
+    sum split over those axes (parameters split over them, FSDP, or an
+    optimizer state split over them, ZeRO-2: 17-20 GiB per GPU more on the
+    16B and 32B Megatron rows, `benchmarks/results/knobs/grad-groups.md`). The
     groups' gradients are added in `reduce_dtype` (float32 when None): the
     one reduction moves those bytes, so a bfloat16 model's, reduced in
     bfloat16 as XLA reduces its per-slice gradients, moves half.
