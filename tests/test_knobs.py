@@ -168,29 +168,35 @@ def test_gradients_kept_apart_by_group_are_the_whole_batchs(groups):
     assert not np.array_equal(np.asarray(low), np.asarray(grads))  # it was rounded
 
 
+def _all_reduces(mesh, state, batch, *steps):
+    """Per step, compiled on `mesh` with the state replicated and the batch
+    split over dp: `(all-reduce ops, their bytes, the step's output)`."""
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("dp"))
+    shardings = (jax.tree.map(lambda _: rep, state), jax.tree.map(lambda _: split, batch))
+    out = []
+    for step in steps:
+        jitted = jax.jit(step, in_shardings=shardings)
+        summary = parse_collectives(jitted.lower(state, batch).compile().as_text())
+        ops = [c for c in summary.collectives if c.kind == "all-reduce"]
+        out.append((sum(c.count for c in ops), sum(c.bytes * c.count for c in ops),
+                    jitted(state, batch)))
+    return out
+
+
 def test_grad_groups_move_the_data_parallel_reduction_out_of_the_microbatch_loop(mesh8):
     """The point of `grad_groups`: on dp=8 with 2 microbatches the gradient's
     all-reduce runs once per microbatch (in the loop) with one group, and once
     per step (after it) with the 8 devices' groups; the update is the same."""
     w = get_workload("mlp:tiny")
-    state, batch = w.init(0)
-    rep = jax.sharding.NamedSharding(mesh8, jax.sharding.PartitionSpec())
-    split = jax.sharding.NamedSharding(mesh8, jax.sharding.PartitionSpec("dp"))
-    shardings = (jax.tree.map(lambda _: rep, state), jax.tree.map(lambda _: split, batch))
-    reduced, out = {}, {}
-    for groups in (1, 8):
-        step = w.knobs.step((("microbatches", 2), ("grad_groups", groups)) if groups > 1
-                            else (("microbatches", 2),))
-        jitted = jax.jit(step, in_shardings=shardings)
-        summary = parse_collectives(jitted.lower(state, batch).compile().as_text())
-        reduced[groups] = sum(c.count for c in summary.collectives if c.kind == "all-reduce")
-        out[groups] = jitted(state, batch)
+    (each, _, plain), (once, _, grouped) = _all_reduces(
+        mesh8, *w.init(0), w.knobs.step((("microbatches", 2),)),
+        w.knobs.step((("microbatches", 2), ("grad_groups", 8))))
     # mlp:tiny has 4 parameter leaves: 2 microbatches x 4 reductions, against
     # 4 once (XLA may fuse the leaves' reductions into fewer ops, never more).
-    assert reduced[8] < reduced[1], reduced
-    assert reduced[1] >= 2 * reduced[8], reduced
-    np.testing.assert_allclose(out[8][1]["loss"], out[1][1]["loss"], rtol=1e-6)
-    for got, want in zip(jax.tree.leaves(out[8][0]), jax.tree.leaves(out[1][0]), strict=True):
+    assert once < each and each >= 2 * once, (each, once)
+    np.testing.assert_allclose(grouped[1]["loss"], plain[1]["loss"], rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(grouped[0]), jax.tree.leaves(plain[0]), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -201,21 +207,11 @@ def test_grad_groups_take_the_axes_the_steps_rules_put_its_batch_on():
     name dp twice in one constraint), reduces once, and updates alike."""
     mesh = ss.create_mesh((4,), ("dp",), devices=jax.devices()[:4])
     w = get_workload("gpt:tiny")  # batch 8: 4 rows at 2 microbatches
-    state, batch = w.init(0)
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("dp"))
-    shardings = (jax.tree.map(lambda _: rep, state), jax.tree.map(lambda _: split, batch))
-    reduced, out = {}, {}
-    for setting in ((("microbatches", 2),), (("microbatches", 2), ("grad_groups", 4))):
-        step = under_rules(w.knobs.step(setting), {"batch": "dp"}, (("dp", 4),))
-        jitted = jax.jit(step, in_shardings=shardings)
-        summary = parse_collectives(jitted.lower(state, batch).compile().as_text())
-        reduced[setting] = sum(c.count for c in summary.collectives if c.kind == "all-reduce")
-        out[setting] = jitted(state, batch)
-    each, once = reduced.values()
-    assert each > once, reduced
-    first, second = out.values()
-    np.testing.assert_allclose(first[1]["loss"], second[1]["loss"], rtol=1e-5)
+    (each, _, plain), (once, _, grouped) = _all_reduces(mesh, *w.init(0), *(
+        under_rules(w.knobs.step(setting), {"batch": "dp"}, (("dp", 4),))
+        for setting in ((("microbatches", 2),), (("microbatches", 2), ("grad_groups", 4)))))
+    assert each > once, (each, once)
+    np.testing.assert_allclose(grouped[1]["loss"], plain[1]["loss"], rtol=1e-5)
 
 
 def test_grad_groups_on_a_model_that_pins_its_batch_reduce_once_in_its_dtype():
@@ -228,24 +224,13 @@ def test_grad_groups_on_a_model_that_pins_its_batch_reduce_once_in_its_dtype():
                       seq=32, batch=8, compute_dtype="bfloat16",
                       activation_sharding=ActivationSharding((("dp", 4),), ("dp",)))
     w = build_llama("llama:pinned", cfg)
-    state, batch = w.init(0)
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("dp"))
-    shardings = (jax.tree.map(lambda _: rep, state), jax.tree.map(lambda _: split, batch))
-    moved, out = {}, {}
-    for setting in ((("microbatches", 2),), (("microbatches", 2), ("grad_groups", 4))):
-        jitted = jax.jit(w.knobs.step(setting), in_shardings=shardings)
-        summary = parse_collectives(jitted.lower(state, batch).compile().as_text())
-        ops = [c for c in summary.collectives if c.kind == "all-reduce"]
-        moved[setting] = (sum(c.count for c in ops), sum(c.bytes * c.count for c in ops))
-        out[setting] = jitted(state, batch)
-    (each_ops, each_bytes), (once_ops, once_bytes) = moved.values()
-    assert once_ops < each_ops and once_bytes <= each_bytes / 2, moved
-    first, second = out.values()
-    np.testing.assert_allclose(first[1]["loss"], second[1]["loss"], rtol=1e-3)
+    step = w.knobs.step((("microbatches", 2), ("grad_groups", 4)))
+    (each_ops, each_bytes, plain), (once_ops, once_bytes, grouped) = _all_reduces(
+        mesh, *w.init(0), w.knobs.step((("microbatches", 2),)), step)
+    assert once_ops < each_ops and once_bytes <= each_bytes / 2, (each_bytes, once_bytes)
+    np.testing.assert_allclose(grouped[1]["loss"], plain[1]["loss"], rtol=1e-3)
     # XLA:CPU widens bfloat16, so the bytes cannot show the dtype; the program can.
     args = w.abstract()
-    step = w.knobs.step((("microbatches", 2), ("grad_groups", 4)))
     # The kept-apart sums are placed on dp, which the model's rule alone (inside
     # its loss) would not do: the step runs under it.
     assert any(spec[:1] == ("dp",) for spec in constraints(step, *args))
