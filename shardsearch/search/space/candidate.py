@@ -7,12 +7,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
-from jax.sharding import PartitionSpec as P
-
 from ...base.activations import PREFIX as ACTIVATION_KNOB
 from ...base.knobs import GRAD_GROUPS, Knobs, Setting, setting_text
 from ...base.spec import entry_axes
+from ...base.tree import leaf_shape, specs_for_leaves
 from ...rules.base import ShardingRule, argument_notes, argument_specs
 
 
@@ -66,11 +64,10 @@ class Candidate:
     def batch_devices(self, args: Sequence[Any], axis_sizes: Mapping[str, int]) -> int:
         """How many devices split the leading dim of the batch's first leaf
         that has one (1: replicated, or no such leaf)."""
-        for tree, argument in zip(self.specs(args)[1:], args[1:], strict=True):
-            specs = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, P))
-            for spec, leaf in zip(specs, jax.tree_util.tree_leaves(argument), strict=True):
-                if len(getattr(leaf, "shape", ())) >= 1:
-                    return math.prod(axis_sizes[a] for a in entry_axes(spec[0] if spec else None))
+        pairs, specs = specs_for_leaves(tuple(args[1:]), tuple(self.specs(args)[1:]))
+        for (_, leaf), spec in zip(pairs, specs, strict=True):
+            if len(leaf_shape(leaf) or ()) >= 1:
+                return math.prod(axis_sizes[a] for a in entry_axes(spec[0] if spec else None))
         return 1
 
     def notes(self, args: Sequence[Any]) -> tuple[str, ...]:
