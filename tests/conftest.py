@@ -28,9 +28,10 @@ from shardsearch.search.study.storage import use_compile_cache  # noqa: E402
 # search would otherwise turn the process-wide cache on midway through the
 # session, in its own temporary folder, so that whether a test compiles or
 # reads from disk depended on whether it ran before or after that one.
-# Under pytest-xdist the processes of one run share the folder (JAX writes each
-# entry whole, by rename), so a candidate one compiled is read from disk by the
-# other: the first process (the controller) makes it, its workers inherit the
+# Under pytest-xdist the processes of one run share the folder, so a candidate
+# one compiled is read from disk by the other (JAX writes an entry in place: a
+# half-written one is a warning and a recompile, see pyproject's filterwarnings):
+# the first process (the controller) makes it, its workers inherit the
 # variable, and the controller removes it at the end.
 _COMPILE_CACHE = os.environ.get("SHARDSEARCH_TESTS_JAX_CACHE", "")
 if not (os.environ.get("PYTEST_XDIST_WORKER") and os.path.isdir(_COMPILE_CACHE)):

@@ -219,14 +219,15 @@ def prediction_notes(ctx: Context) -> tuple[str, ...]:
     program = (ctx.root or ctx).traced.get(ctx.setting)
     if program is None:
         return ()
-    unhandled = program.graph.unhandled_names()
-    unread = program.graph.unread_constraints()
-    return (((unhandled_note(unhandled),) if unhandled else ())
-            + ((note("unread", f"sharding constraints of the step with no PartitionSpec "
-                               f"({', '.join(unread)}) are not followed by the memory "
-                               "predicted before compiling: the values they constrain take "
-                               "the arguments' axes there (XLA still applies them)"),)
-               if unread else ()))
+    notes = []
+    if unhandled := program.graph.unhandled_names():
+        notes.append(unhandled_note(unhandled))
+    if unread := program.graph.unread_constraints():
+        notes.append(note("unread", f"sharding constraints of the step with no PartitionSpec "
+                                    f"({', '.join(unread)}) are not followed by the memory "
+                                    "predicted before compiling: the values they constrain "
+                                    "take the arguments' axes there (XLA still applies them)"))
+    return tuple(notes)
 
 
 def _unpredicted(ctx: Context, err: BaseException) -> None:
