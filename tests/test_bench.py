@@ -17,6 +17,7 @@ import jax
 import pytest
 
 import shardsearch as ss
+from shardsearch.bench import report
 from shardsearch.bench.suite import builtin_suites, load_suite, suite_names
 from shardsearch.cli import bench as _cli_bench
 from shardsearch.cli import main as _cli
@@ -77,6 +78,13 @@ def test_every_plan_is_compared_in_one_run(ran):
     s = record["speedups"]
     assert set(s) == {"vs_replicated", "vs_default", "vs_best_expert", "vs_single_device"}
     assert s["vs_best_expert"]["reference"] in ("dp", "fsdp", "megatron", "fsdp_tp")
+    # What the winner changes against that plan: nothing only when it is that plan.
+    differs = plans["winner"]["differs"]
+    assert differs["reference"] == s["vs_best_expert"]["reference"]
+    same = plans[differs["reference"]]["fingerprint"] == plans["winner"]["fingerprint"]
+    assert (differs["dimensions"] == []) == same
+    assert all(line.split(":")[0] in ("parameters", "optimizer state", "batch")
+               for line in differs["dimensions"])
     for speedup in s.values():
         assert speedup["speedup"] > 0
         assert speedup["verdict"] in ("faster", "slower", "tie", "same plan")
@@ -136,6 +144,12 @@ def test_files_written(ran):
     table = (out / "results.md").read_text()
     assert "| free | mlp:tiny | dp=2,tp=4 | none |" in table
     assert "| tight | mlp:tiny | dp=2,tp=4 |" in table and "(quarter)" in table
+    # The winner's changes against the best expert have their column, and its legend.
+    assert "| × best expert | winner changes | × 1 device |" in table
+    assert "- *winner changes*: the dimensions" in table
+    row = next(line for line in table.splitlines() if line.startswith("| free |"))
+    assert report.winner_changes(next(p for p in entries["free"]["plans"]
+                                      if p["label"] == "winner")) in row
     for name in ("free", "tight"):
         rule = folder / "rules" / "tiny" / f"{name}.json"
         assert entries[name]["rule_file"] == str(rule)
@@ -264,7 +278,8 @@ def test_the_shipped_suites_load(name):
 def test_the_shipped_suites_are_package_data_named_in_the_help(capsys):
     names = suite_names()
     assert names == ["cpu-sim8", "cpu-sim8-activations", "cpu-static256", "cpu-static64",
-                     "gpu-1", "gpu-8", "published", "published-chip", "tpu-v5e-8"]
+                     "cpu-static64-knobs", "gpu-1", "gpu-8", "published", "published-chip",
+                     "tpu-v5e-8"]
     assert list(_cli_bench.BUILTIN_SUITES) == names
     # Shipped with the package (not only present in this checkout): pyproject's
     # package data covers every suite file.
@@ -290,8 +305,8 @@ def test_a_shipped_suite_is_found_from_any_folder(tmp_path, monkeypatch, capsys)
     assert _cli.main(["bench", "--suite", "nope", "--list"]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert "unknown suite 'nope': shardsearch ships no such suite (its suites: cpu-sim8, " \
-        "cpu-sim8-activations, cpu-static256, cpu-static64, gpu-1, gpu-8, published, " \
-        "published-chip, tpu-v5e-8)" in line
+        "cpu-sim8-activations, cpu-static256, cpu-static64, cpu-static64-knobs, gpu-1, gpu-8, " \
+        "published, published-chip, tpu-v5e-8)" in line
 
 
 def test_the_console_entry_lists_a_shipped_suite_outside_the_repository(tmp_path):
@@ -607,6 +622,10 @@ def test_an_entry_may_search_the_workloads_knobs(tmp_path):
     plan = json.loads((tmp_path / "rules" / "tiny" / "knobbed.json").read_text())
     winner = next(p for p in record["plans"] if p["role"] == "winner")
     assert winner["knobs"] == plan["knobs"] and plan["knobs"]["microbatches"] in (1, 2, 4, 8)
+    # A winner accumulating over microbatches says so against the expert's one batch.
+    changed = [line for line in winner["differs"]["dimensions"] if line.startswith("micro")]
+    assert changed == ([] if plan["knobs"]["microbatches"] == 1 else
+                       [f"microbatches: {plan['knobs']['microbatches']} (other: 1)"])
     # An entry without knobs keeps the form entries had before them.
     assert "knobs" not in load_suite(str(_suite(tmp_path, [{**TINY, "id": "a"}]))) \
         .entries[0].to_json()

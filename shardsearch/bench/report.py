@@ -84,8 +84,7 @@ def speedups(plans: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     (simulated meshes) one device."""
     by = {p["label"]: p for p in plans}
     winner = by["winner"]
-    experts = [p for p in plans if p["role"] == "expert" and p["median_seconds"] is not None]
-    best = min(experts, key=lambda p: (p["median_seconds"], p["label"]), default=None)
+    best = best_expert(plans)
     out = {"vs_replicated": speedup(winner, by.get("replicated")),
            "vs_default": speedup(winner, by.get("default")),
            "vs_best_expert": speedup(winner, best)}
@@ -95,6 +94,12 @@ def speedups(plans: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             single["time_ratio"] = 1 / single["speedup"]
         out["vs_single_device"] = single
     return out
+
+
+def best_expert(plans: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The fastest expert plan with a time (ties: by label); None if none has one."""
+    experts = [p for p in plans if p["role"] == "expert" and p["median_seconds"] is not None]
+    return min(experts, key=lambda p: (p["median_seconds"], p["label"]), default=None)
 
 
 def speedup(winner: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -237,6 +242,9 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
     versions = machine.get("versions") or {}
     memory = machine.get("memory_bytes")
     static = any(is_estimate(r["objective"]) for r in records)
+    # Entries recorded before the winner's differences were kept have none:
+    # their reports keep the columns they had.
+    changes = any("differs" in _winner(r) for r in records)
     lines = [
         f"# Benchmark suite `{suite.name}`", "",
         *([suite.description, ""] if suite.description else []),
@@ -248,8 +256,9 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
         _commands(records, machine), "",
         "| entry | workload | mesh | budget/device | winner | ms [95% CI] | replicated ms "
         "| default ms | best expert ms | × replicated | × default | × best expert "
-        "| × 1 device | memory/device | search |",
-        "|" + "---|" * 15,
+        + ("| winner changes | " if changes else "")
+        + "| × 1 device | memory/device | search |",
+        "|" + "---|" * (15 + changes),
     ]
     for r in records:
         plans = {p["label"]: p for p in r["plans"]}
@@ -266,10 +275,13 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
             f"{best}: {_ms(plans[best])}" if best else "none fits",
             format_speedup(s["vs_replicated"]), format_speedup(s["vs_default"]),
             format_speedup(s["vs_best_expert"]),
+            *([winner_changes(winner)] if changes else []),
             format_speedup(s["vs_single_device"]) if "vs_single_device" in s else "-",
             _memory(winner), _search(r["search"]),
         ]) + " |")
     lines += ["", *versus_expert(records), "", *skipped_experts(records), *LEGEND]
+    if changes:
+        lines.append(CHANGES_LEGEND)
     if static:
         lines += ["- Entries with objective `static` show XLA-based estimates, not "
                   "measurements: no CI and no verdict."]
@@ -280,6 +292,19 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
         text = (f"{head}{_published.markdown(records, _commands(records, machine))}"
                 f"## Every plan the search compared\n\n{table}{rest}")
     return text
+
+
+def _winner(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    return next(p for p in record["plans"] if p["label"] == "winner")
+
+
+def winner_changes(winner: Mapping[str, Any]) -> str:
+    """The report's *winner changes* cell: the dimensions in which the winner
+    differs from the best expert plan (`search.space.plan_differences`)."""
+    differs = winner.get("differs")
+    if differs is None:
+        return "-"
+    return "; ".join(differs["dimensions"]) or "nothing (same plan)"
 
 
 def _commands(records: Sequence[Mapping[str, Any]], machine: Mapping[str, Any]) -> str:
@@ -379,6 +404,13 @@ LEGEND = (
     "(the trials' own time when those were not recorded), then this run's (the "
     "confirmation's).",
 )
+
+
+CHANGES_LEGEND = (
+    "- *winner changes*: the dimensions in which the winner differs from the best expert "
+    "plan: the leaves of the parameters, the optimizer state or the batch whose split "
+    "differs (of all of them), and each step knob, the expert's value after \"other:\" "
+    "(`-` for an entry recorded before this was kept, or with no expert that fits).")
 
 
 def _ms(plan: Mapping[str, Any] | None) -> str:

@@ -51,6 +51,7 @@ from ..search.export import export_config
 from ..search.loop import optimize
 from ..search.setup import make_context
 from ..search.space.baselines import baseline_candidates
+from ..search.space.differences import plan_differences
 from ..search.study.record import TrialRecord, prediction_summary
 from ..search.study.storage import open_study
 from ..workloads import expert_plans, get_workload
@@ -295,6 +296,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     if objective.confirms:
         _time_plans(plans, ctx, rounds)
     compare = time.perf_counter() - start - wall
+    plans[0]["differs"] = _differs(plans, ctx, setting)
     config = export_config(result)
     rule_file = write_config(config, rules_dir / suite.name / f"{entry.id}.json")
     cut = [r for r in result.trials if r.outcome.status == CUT]
@@ -345,6 +347,20 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         "start_plan": None if start_plan is None else str(start_plan),
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _differs(plans: Sequence[dict[str, Any]], ctx: Any,
+             setting: tuple[tuple[str, Any], ...]) -> dict[str, Any] | None:
+    """What the winner changes against the best expert plan that fits (the
+    report's reference, `report.speedups`), by dimension
+    (`plan_differences`); None when no expert plan fits."""
+    best = _report.best_expert(plans)
+    if best is None:
+        return None
+    defaults = ctx.knobs.defaults if ctx.knobs is not None else {}
+    return {"reference": best["label"],
+            "dimensions": plan_differences(ctx.abstract_args, plans[0]["specs"], best["specs"],
+                                           setting, (), defaults=defaults)}
 
 
 def _earlier_runs(previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@ Users need only `shardsearch` (optimize, plans, rules); this front names what
 is behind it, laid out by job (docs/architecture.md):
 
 - `space/`: what one trial tries: `Candidate`, `SearchSpace`, `make_space`,
-  the warm-start `baseline_plans` / `baseline_candidates`.
+  the warm-start `baseline_plans` / `baseline_candidates`, and
+  `plan_differences` (the dimensions two plans differ in).
 - `evaluation/`: judging one candidate: `Stage`, `Status`, `Outcome`,
   `fingerprint`, `Context`, `resolve`, `evaluate`, `Objective` and the
   registry (`register_objective`, `get_objective`, `OBJECTIVES`), the
@@ -70,6 +71,7 @@ from .space.baselines import baseline_candidates as baseline_candidates
 from .space.baselines import baseline_plans as baseline_plans
 from .space.baselines import make_space as make_space
 from .space.candidate import Candidate as Candidate
+from .space.differences import plan_differences as plan_differences
 from .space.searchspace import SearchSpace as SearchSpace
 from .study.record import TrialRecord as TrialRecord
 from .study.record import prediction_summary as prediction_summary
@@ -115,6 +117,7 @@ __all__ = [
     "parse_bytes",
     "parse_hlo",
     "plan_config",
+    "plan_differences",
     "predict_footprint",
     "prediction_summary",
     "prepare",
