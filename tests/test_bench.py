@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import jax
 import pytest
 
 import shardsearch as ss
-from shardsearch.bench import report
+from shardsearch.bench import format_speedup, report
 from shardsearch.bench.suite import builtin_suites, load_suite, suite_names
 from shardsearch.cli import bench as _cli_bench
 from shardsearch.cli import main as _cli
@@ -448,9 +449,7 @@ def test_search_cost_of_a_rerun_over_a_finished_study_says_so():
 
 def test_recheck_retimes_the_exported_winner_against_a_reference(ran, tmp_path, capsys):
     folder, _argv, out, _entries = ran
-    spec = importlib.util.spec_from_file_location("recheck", REPO / "benchmarks/recheck/run.py")
-    recheck = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recheck)
+    recheck = _load_recheck()
     args = ["--suite", str(folder / "tiny.json"), "--results", str(out.parent),
             "--entries", "free", "--times", "2", "--rounds", "6", "--out", str(tmp_path)]
     plans = json.loads((out / "entries" / "free.json").read_text())["plans"]
@@ -479,6 +478,56 @@ def test_recheck_retimes_the_exported_winner_against_a_reference(ran, tmp_path, 
         with pytest.raises(SystemExit):
             recheck.main([*args, "--against", twin])
         assert "winner is the plan" in capsys.readouterr().err
+
+
+def _load_recheck():
+    spec = importlib.util.spec_from_file_location("recheck", REPO / "benchmarks/recheck/run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_report_shows_each_recheck_beside_its_headline(ran, tmp_path):
+    folder, _argv, out, _entries = ran
+    copy = tmp_path / "tiny"
+    shutil.copytree(out, copy)
+    recheck = _load_recheck()
+    suite = load_suite(str(folder / "tiny.json"))
+
+    def reference(entry):
+        plans = json.loads((copy / "entries" / f"{entry}.json").read_text())["plans"]
+        return next(p["label"] for p in plans[1:]
+                    if p["fits"] and p["fingerprint"] != plans[0]["fingerprint"])
+
+    base = ["--suite", str(folder / "tiny.json"), "--results", str(tmp_path), "--times", "1",
+            "--rounds", "6"]
+    assert recheck.main([*base, "--entries", "free", "--against", reference("free")]) == 0
+    # A recheck of another entry keeps the first one's, with the command that made it.
+    assert recheck.main([*base, "--entries", "tight", "--against", reference("tight")]) == 0
+    data = json.loads((copy / "recheck.json").read_text())
+    assert [e["entry"] for e in data["entries"]] == ["free", "tight"]
+    assert all("--entries " + e["entry"] in e["command"] for e in data["entries"])
+    assert "Commands: " in (copy / "recheck.md").read_text()
+    records = report.load_entries(suite, copy)
+    rechecks = report.load_rechecks(copy, records)
+    assert set(rechecks) == {"free", "tight"} and None not in rechecks.values()
+    report.write_report(suite, copy)
+    table = (copy / "results.md").read_text()
+    assert "| rechecked in a fresh process |" in table
+    for e in data["entries"]:
+        row = next(line for line in table.splitlines() if line.startswith(f"| {e['entry']} |"))
+        assert format_speedup(e["repetitions"][0]) in row
+    assert "Rechecked in a fresh process: 2 entries, 2 runs: " in table
+    # A rerun of the entry makes the recheck stale: it timed another winner.
+    path = copy / "entries" / "free.json"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "finished_at": "2030-01-01T00:00:00+00:00"}))
+    report.write_report(suite, copy)
+    table = (copy / "results.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| free |"))
+    assert "stale (an earlier run's winner)" in row
+    assert "fresh process: 1 entry, 1 run: " in table
+    assert "(1 more rechecked an earlier run)" in table
 
 
 # --------------------------------------------------------------------------- scripts' API

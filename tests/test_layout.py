@@ -241,5 +241,5 @@ def test_recorded_suite_reports_regenerate_byte_for_byte(suite):
     records = report.load_entries(loaded, folder)
     machine = json.loads((folder / "machine.json").read_text(encoding="utf-8"))
     assert records
-    assert report.markdown(loaded, records, machine) == (
+    assert report.markdown(loaded, records, machine, report.load_rechecks(folder, records)) == (
         folder / "results.md").read_text(encoding="utf-8")

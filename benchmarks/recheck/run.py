@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
               f"its {a.against})", file=sys.stderr)
         return 1
     out = Path(a.out) if a.out else folder
+    command = " ".join(["python", *sys.argv])
     results = []
     for record, reference in records:
         entry_id = record["entry"]["id"]
@@ -91,16 +92,35 @@ def main(argv: list[str] | None = None) -> int:
         result = recheck(suite, record, reference, times=a.times, rounds=a.rounds)
         for i, rep in enumerate(result["repetitions"], 1):
             print(f"  {i}: {format_speedup(rep)}", flush=True)
-        results.append(result)
+        results.append({**result, "command": command, "finished_at": _now()})
     summary = {"suite": suite.name, "times": a.times, "rounds": a.rounds,
-               "against": a.against, "command": " ".join(["python", *sys.argv]),
-               "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-               "entries": results}
+               "against": a.against, "command": command, "finished_at": _now(),
+               "entries": _merged(out / "recheck.json", results, suite)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "recheck.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "recheck.md").write_text(markdown(summary), encoding="utf-8")
     print(f"wrote {out / 'recheck.md'}")
     return 0
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _merged(path: Path, results: list[dict[str, Any]], suite: Any) -> list[dict[str, Any]]:
+    """This run's rechecks, with the earlier ones of `path` for the entries it
+    did not recheck (each keeping the command and time that made it), in
+    suite order: a recheck of some entries does not drop the others'."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        earlier = {}
+    done = {r["entry"] for r in results}
+    kept = [{"command": earlier.get("command"), "finished_at": earlier.get("finished_at"), **e}
+            for e in earlier.get("entries", []) if e["entry"] not in done]
+    order = [e.id for e in suite.entries]
+    return sorted(kept + results, key=lambda e: (
+        order.index(e["entry"]) if e["entry"] in order else len(order), e["entry"]))
 
 
 def _records(folder: Path, suite: Any, ids: list[str] | None,
@@ -165,7 +185,10 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
                             "reference_seconds": ref["median_seconds"],
                             "winner_times": win["times"], "reference_times": ref["times"]})
     recorded = speedup(plans["winner"], plans[reference])
+    # The run re-timed, so a report can tell a recheck of an earlier run.
     return {"entry": record["entry"]["id"], "winner": plans["winner"].get("source"),
+            "entry_finished_at": record.get("finished_at"),
+            "winner_fingerprint": plans["winner"]["fingerprint"],
             "reference": reference, "rule_file": record["rule_file"],
             "recorded": {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")},
             "repetitions": repetitions}
@@ -197,7 +220,7 @@ def rerender(folder: Path) -> int:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    n = summary["times"]
+    n = max(len(e["repetitions"]) for e in summary["entries"])
     lines = [
         f"# Recheck of `{summary['suite']}`", "",
         f"Each entry's exported winner re-timed against its reference "
@@ -205,17 +228,33 @@ def markdown(summary: dict[str, Any]) -> str:
         f"{summary['rounds']} rounds, after the suite. Ratio = the median per-round ratio "
         "reference / winner (above 1x: the winner is faster) with its 95% CI; \"faster\" "
         "when the paired Wilcoxon test says so and the interval is wholly above 1.", "",
-        f"Command: `{summary['command']}` ({summary['finished_at']})"
-        + (f"; {summary['rerendered']}" if summary.get("rerendered") else ""), "",
+        _commands(summary), "",
         "| entry | winner | reference | in the suite | "
         + " | ".join(f"run {i}" for i in range(1, n + 1)) + " |",
         "|" + "---|" * (4 + n),
     ]
     for e in summary["entries"]:
+        runs = [format_speedup(r) for r in e["repetitions"]]
         lines.append("| " + " | ".join([e["entry"], str(e["winner"]), e["reference"],
-                                        format_speedup(e["recorded"]),
-                                        *(format_speedup(r) for r in e["repetitions"])]) + " |")
+                                        format_speedup(e["recorded"]), *runs,
+                                        *["-"] * (n - len(runs))]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _commands(summary: dict[str, Any]) -> str:
+    """The command line(s) that made the rechecks, each with when it finished
+    and, when there are several, the entries it rechecked."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for e in summary["entries"]:
+        key = (e.get("command") or summary["command"], e.get("finished_at")
+               or summary["finished_at"])
+        by.setdefault(key, []).append(e["entry"])
+    rerendered = f"; {summary['rerendered']}" if summary.get("rerendered") else ""
+    if len(by) == 1:
+        (command, when), = by
+        return f"Command: `{command}` ({when}){rerendered}"
+    return "Commands: " + "; ".join(f"`{command}` ({when}: {', '.join(ids)})"
+                                    for (command, when), ids in by.items()) + rerendered
 
 
 if __name__ == "__main__":

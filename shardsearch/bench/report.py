@@ -218,12 +218,77 @@ def write_report(suite: Any, folder: Path) -> list[str]:
     """
     records = load_entries(suite, folder)
     machine = _read(folder / "machine.json") or {}
-    (folder / "results.md").write_text(markdown(suite, records, machine), encoding="utf-8")
+    (folder / "results.md").write_text(
+        markdown(suite, records, machine, load_rechecks(folder, records)), encoding="utf-8")
     if not records:
         return []
     notes = (_published.plot(records, folder / "published.png")
              if _published.has_published(records) else [])
     return notes + plot_speedups(suite.name, records, folder / "speedups.png")
+
+
+def load_rechecks(folder: Path, records: Sequence[Mapping[str, Any]],
+                  ) -> dict[str, dict[str, Any] | None]:
+    """The fresh-process re-timings of `folder/recheck.json`
+    (`benchmarks/recheck/run.py`) by entry id: the recheck's entry where it
+    re-timed the run `records` hold, None where it re-timed an earlier run of
+    the entry (its winner may not be today's). Empty without the file."""
+    summary = _read(folder / "recheck.json")
+    if not isinstance(summary, dict):
+        return {}
+    by_id = {r["entry"]["id"]: r for r in records}
+    out: dict[str, dict[str, Any] | None] = {}
+    for e in summary.get("entries", []):
+        record = by_id.get(e.get("entry"))
+        if record is None:
+            continue
+        if "entry_finished_at" in e:
+            current = e["entry_finished_at"] == record.get("finished_at")
+        else:
+            # A recheck from before it named the run: it re-timed this run if
+            # the suite's figure it quotes is this record's.
+            plans = {p["label"]: p for p in record["plans"]}
+            ref = plans.get(e["reference"])
+            current = ref is not None and (
+                speedup(plans["winner"], ref)["speedup"] == e["recorded"]["speedup"])
+        out[e["entry"]] = e if current else None
+    return out
+
+
+def recheck_summary(rechecks: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
+    """One paragraph: the verdicts of the fresh-process re-timings, counted
+    over every run of every entry rechecked (`load_rechecks`)."""
+    current = [e for e in rechecks.values() if e is not None]
+    if not current:
+        return []
+    verdicts: dict[str, int] = {}
+    for e in current:
+        for r in e["repetitions"]:
+            verdict = r["verdict"] or "not tested"
+            verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    runs = sum(verdicts.values())
+    counts = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items(), key=lambda kv: -kv[1]))
+    stale = len(rechecks) - len(current)
+    entries = f"{len(current)} entr{'y' if len(current) == 1 else 'ies'}"
+    return ["", f"Rechecked in a fresh process: {entries}, {runs} run{'s' * (runs != 1)}: "
+            f"{counts}"
+            + (f" ({stale} more rechecked an earlier run)." if stale else ".")]
+
+
+def recheck_cell(record: Mapping[str, Any],
+                 rechecks: Mapping[str, Mapping[str, Any] | None]) -> str:
+    """The report's *rechecked* cell: each fresh-process re-timing of the
+    entry's winner (`load_rechecks`), against its reference when that is not
+    the best expert."""
+    entry = record["entry"]["id"]
+    if entry not in rechecks:
+        return "-"
+    e = rechecks[entry]
+    if e is None:
+        return "stale (an earlier run's winner)"
+    runs = "; ".join(format_speedup(r) for r in e["repetitions"])
+    best = record["speedups"]["vs_best_expert"]["reference"]
+    return runs if e["reference"] == best else f"vs {e['reference']}: {runs}"
 
 
 def _read(path: Path) -> Any:
@@ -237,8 +302,12 @@ def _read(path: Path) -> Any:
 
 
 def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
-             machine: Mapping[str, Any]) -> str:
-    """The suite's results table, one row per finished entry."""
+             machine: Mapping[str, Any],
+             rechecks: Mapping[str, Mapping[str, Any] | None] | None = None) -> str:
+    """The suite's results table, one row per finished entry; with
+    `rechecks` (`load_rechecks`), the winners' fresh-process re-timings
+    beside their headline ratios."""
+    rechecks = rechecks or {}
     versions = machine.get("versions") or {}
     memory = machine.get("memory_bytes")
     static = any(is_estimate(r["objective"]) for r in records)
@@ -257,8 +326,9 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
         "| entry | workload | mesh | budget/device | winner | ms [95% CI] | replicated ms "
         "| default ms | best expert ms | × replicated | × default | × best expert "
         + ("| winner changes | " if changes else "")
+        + ("| rechecked in a fresh process | " if rechecks else "")
         + "| × 1 device | memory/device | search |",
-        "|" + "---|" * (15 + changes),
+        "|" + "---|" * (15 + changes + bool(rechecks)),
     ]
     for r in records:
         plans = {p["label"]: p for p in r["plans"]}
@@ -276,12 +346,16 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
             format_speedup(s["vs_replicated"]), format_speedup(s["vs_default"]),
             format_speedup(s["vs_best_expert"]),
             *([winner_changes(winner)] if changes else []),
+            *([recheck_cell(r, rechecks)] if rechecks else []),
             format_speedup(s["vs_single_device"]) if "vs_single_device" in s else "-",
             _memory(winner), _search(r["search"]),
         ]) + " |")
-    lines += ["", *versus_expert(records), "", *skipped_experts(records), *LEGEND]
+    lines += ["", *versus_expert(records), *recheck_summary(rechecks), "",
+              *skipped_experts(records), *LEGEND]
     if changes:
         lines.append(CHANGES_LEGEND)
+    if rechecks:
+        lines.append(RECHECK_LEGEND)
     if static:
         lines += ["- Entries with objective `static` show XLA-based estimates, not "
                   "measurements: no CI and no verdict."]
@@ -411,6 +485,13 @@ CHANGES_LEGEND = (
     "plan: the leaves of the parameters, the optimizer state or the batch whose split "
     "differs (of all of them), and each step knob, the expert's value after \"other:\" "
     "(`-` for an entry recorded before this was kept, or with no expert that fits).")
+
+
+RECHECK_LEGEND = (
+    "- *rechecked in a fresh process*: the winner loaded from its exported plan file and "
+    "re-timed against the reference in separate interleaved runs after the suite "
+    "(`recheck.md`, `benchmarks/recheck/run.py`), one ratio per run as *× reference*; "
+    "`-`: not rechecked; `stale`: the recheck timed an earlier run's winner.")
 
 
 def _ms(plan: Mapping[str, Any] | None) -> str:
