@@ -314,6 +314,11 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
     # Entries recorded before the winner's differences were kept have none:
     # their reports keep the columns they had.
     changes = any("differs" in _winner(r) for r in records)
+    columns = ["entry", "workload", "mesh", "budget/device", "winner", "ms [95% CI]",
+               "replicated ms", "default ms", "best expert ms", "× replicated", "× default",
+               "× best expert", *(["winner changes"] if changes else []),
+               *(["rechecked in a fresh process"] if rechecks else []), "× 1 device",
+               "memory/device", "search"]
     lines = [
         f"# Benchmark suite `{suite.name}`", "",
         *([suite.description, ""] if suite.description else []),
@@ -323,12 +328,8 @@ def markdown(suite: Any, records: Sequence[Mapping[str, Any]],
         f"{versions.get('jaxlib')}, optuna {versions.get('optuna')} (details in "
         f"`machine.json`, raw numbers in `entries/<id>.json`).", "",
         _commands(records, machine), "",
-        "| entry | workload | mesh | budget/device | winner | ms [95% CI] | replicated ms "
-        "| default ms | best expert ms | × replicated | × default | × best expert "
-        + ("| winner changes | " if changes else "")
-        + ("| rechecked in a fresh process | " if rechecks else "")
-        + "| × 1 device | memory/device | search |",
-        "|" + "---|" * (15 + changes + bool(rechecks)),
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
     ]
     for r in records:
         plans = {p["label"]: p for p in r["plans"]}
