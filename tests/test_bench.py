@@ -18,6 +18,7 @@ import jax
 import pytest
 
 import shardsearch as ss
+from shardsearch import bench
 from shardsearch.bench import format_speedup, report
 from shardsearch.bench.suite import builtin_suites, load_suite, suite_names
 from shardsearch.cli import bench as _cli_bench
@@ -478,6 +479,29 @@ def test_recheck_retimes_the_exported_winner_against_a_reference(ran, tmp_path, 
         with pytest.raises(SystemExit):
             recheck.main([*args, "--against", twin])
         assert "winner is the plan" in capsys.readouterr().err
+
+
+def test_winner_changes_are_recorded_afterwards_as_the_run_records_them(ran, tmp_path):
+    folder, _argv, out, entries = ran
+    copy = tmp_path / "tiny"
+    shutil.copytree(out, copy)
+    for path in (copy / "entries").glob("*.json"):
+        record = json.loads(path.read_text())
+        del record["plans"][0]["differs"]
+        path.write_text(json.dumps(record))
+    suite = load_suite(str(folder / "tiny.json"))
+    assert sorted(bench.record_differences(suite, copy)) == ["free.json", "tight.json"]
+    for name, record in entries.items():
+        again = json.loads((copy / "entries" / f"{name}.json").read_text())
+        assert again["plans"][0]["differs"] == record["plans"][0]["differs"]
+    assert bench.record_differences(suite, copy) == []  # nothing left to add
+    # A winner's plan file that is gone is named, with the fix.
+    record = json.loads((copy / "entries" / "free.json").read_text())
+    del record["plans"][0]["differs"]
+    (copy / "entries" / "free.json").write_text(json.dumps({**record, "rule_file": "gone.json"}))
+    with pytest.raises(ValueError, match=r"free.json: its winner's plan file gone.json is "
+                                         r"missing; pass the folder"):
+        bench.record_differences(suite, copy)
 
 
 def _load_recheck():

@@ -42,6 +42,7 @@ from ..base.target import target_mesh, target_of
 from ..base.units import parse_bytes
 from ..cost.chips import HARDWARE, hardware_for
 from ..cost.program import XlaMemory
+from ..plan.reader import load_plan
 from ..plan.writer import strict_json, write_config
 from ..search.evaluation import confirm as _confirm
 from ..search.evaluation import evaluate as _evaluate
@@ -361,6 +362,49 @@ def _differs(plans: Sequence[dict[str, Any]], ctx: Any,
     return {"reference": best["label"],
             "dimensions": plan_differences(ctx.abstract_args, plans[0]["specs"], best["specs"],
                                            setting, (), defaults=defaults)}
+
+
+def record_differences(suite: Suite, folder: Path, rules_root: Path = Path(".")) -> list[str]:
+    """Adds to each entry recorded under `folder/entries` without it what its
+    winner changes against the best expert plan (`plan_differences`, the
+    report's *winner changes*), from the winner's exported plan file (its
+    `rule_file`, relative to `rules_root`) and the expert plan rebuilt on the
+    entry's mesh; nothing is compiled or timed. Returns the changed files'
+    names (then rewrite the report: `report.write_report`).
+
+    Raises:
+      ValueError: an entry's plan file is missing, or its workload or mesh
+        is not the suite's any more.
+    """
+    changed = []
+    for path in sorted((folder / "entries").glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        winner = record["plans"][0]
+        if "differs" in winner or record["entry"]["id"] not in {e.id for e in suite.entries}:
+            continue
+        entry = suite.select([record["entry"]["id"]])[0]
+        best = _report.best_expert(record["plans"])
+        if best is None:
+            winner["differs"] = None
+        else:
+            mesh = entry_mesh(suite, entry)
+            workload = get_workload(entry.workload_name)
+            args = workload.abstract()
+            rule_file = rules_root / record["rule_file"]
+            if not rule_file.is_file():
+                raise ValueError(f"{path}: its winner's plan file {rule_file} is missing; "
+                                 "pass the folder the entry's rule_file is relative to")
+            plan = load_plan(rule_file, mesh=mesh)
+            knobs = workload.knobs
+            setting = knobs.setting(plan.knobs) if knobs is not None and plan.knobs else ()
+            reference = baseline_candidates(workload, mesh)[best["label"]].specs(args)
+            winner["differs"] = {
+                "reference": best["label"],
+                "dimensions": plan_differences(args, plan.apply(args), reference, setting, (),
+                                               defaults=knobs.defaults if knobs else {})}
+        _write_json(path, record)
+        changed.append(path.name)
+    return changed
 
 
 def _earlier_runs(previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:
