@@ -37,6 +37,8 @@ import jax
 import optuna
 
 from ..base import mesh as _mesh
+from ..base.activations import AUTO, split_setting
+from ..base.activations import PREFIX as ACTIVATION_KNOB
 from ..base.analyzer import ShardingAnalyzer
 from ..base.target import target_mesh, target_of
 from ..base.units import parse_bytes
@@ -395,13 +397,20 @@ def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."))
                 raise ValueError(f"{path}: its winner's plan file {rule_file} is missing; "
                                  "pass the folder the entry's rule_file is relative to")
             plan = load_plan(rule_file, mesh=mesh)
+            # The step's own knobs as the workload declares them; the
+            # activation points (not the workload's) "auto" unless placed.
+            own, _rules = split_setting(tuple(plan.knobs.items()))
             knobs = workload.knobs
-            setting = knobs.setting(plan.knobs) if knobs is not None and plan.knobs else ()
+            points = {n: v for n, v in plan.knobs.items() if n.startswith(ACTIVATION_KNOB)}
+            setting = ((knobs.setting(dict(own)) if knobs is not None else ())
+                       + tuple((n, v) for n, v in points.items() if v != AUTO))
+            defaults = {**(knobs.defaults if knobs is not None else {}),
+                        **dict.fromkeys(points, AUTO)}
             reference = baseline_candidates(workload, mesh)[best["label"]].specs(args)
             winner["differs"] = {
                 "reference": best["label"],
                 "dimensions": plan_differences(args, plan.apply(args), reference, setting, (),
-                                               defaults=knobs.defaults if knobs else {})}
+                                               defaults=defaults)}
         _write_json(path, record)
         changed.append(path.name)
     return changed
