@@ -14,7 +14,9 @@ computes them.
 By default it rechecks the entries whose winner is not the best expert plan
 itself (a "same plan" entry has nothing to recheck). Output: `recheck.json`
 (every time) and `recheck.md` (one row per entry) in the suite's results
-folder, or `--out`.
+folder, or `--out`; there, a recheck of some entries keeps the others'
+earlier rechecks, and the suite's `results.md` is rewritten to show each
+beside its entry's headline ratio.
 
 Run from the repository root (the default `--results` folder and the rule
 files recorded in the entries are relative to it), with nothing else running,
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from shardsearch import create_mesh, load_plan, parse_mesh
-from shardsearch.bench import format_speedup, load_suite, prepare_devices, speedup
+from shardsearch.bench import format_speedup, load_suite, prepare_devices, speedup, write_report
 from shardsearch.search import baseline_candidates, make_context, retime
 from shardsearch.workloads import get_workload
 
@@ -100,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "recheck.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "recheck.md").write_text(markdown(summary), encoding="utf-8")
     print(f"wrote {out / 'recheck.md'}")
+    if out.resolve() == folder.resolve():
+        # The suite's report shows each recheck beside the entry's headline.
+        notes = write_report(suite, folder)
+        print(f"rewrote {folder / 'results.md'}" + "".join(f"; {n}" for n in notes))
     return 0
 
 
