@@ -490,14 +490,24 @@ def test_winner_changes_are_recorded_afterwards_as_the_run_records_them(ran, tmp
         del record["plans"][0]["differs"]
         path.write_text(json.dumps(record))
     suite = load_suite(str(folder / "tiny.json"))
-    assert sorted(bench.record_differences(suite, copy)) == ["free.json", "tight.json"]
+    changed, skipped = bench.record_differences(suite, copy)
+    assert sorted(changed) == ["free.json", "tight.json"] and skipped == {}
     for name, record in entries.items():
         again = json.loads((copy / "entries" / f"{name}.json").read_text())
         assert again["plans"][0]["differs"] == record["plans"][0]["differs"]
-    assert bench.record_differences(suite, copy) == []  # nothing left to add
-    # A winner's plan file that is gone is named, with the fix.
+    assert bench.record_differences(suite, copy) == ([], {})  # nothing left to add
+    # A plan file that is not the entry's winner (another run overwrote it) is
+    # left out, with the reason; one that is gone is named, with the fix.
     record = json.loads((copy / "entries" / "free.json").read_text())
     del record["plans"][0]["differs"]
+    tight = json.loads((copy / "entries" / "tight.json").read_text())
+    (copy / "entries" / "free.json").write_text(json.dumps({**record,
+                                                            "rule_file": tight["rule_file"]}))
+    changed, skipped = bench.record_differences(suite, copy)
+    if tight["plans"][0]["fingerprint"] == record["plans"][0]["fingerprint"]:
+        assert changed == ["free.json"]  # the same plan: it is the winner's
+    else:
+        assert changed == [] and "not its plan" in skipped["free.json"]
     (copy / "entries" / "free.json").write_text(json.dumps({**record, "rule_file": "gone.json"}))
     with pytest.raises(ValueError, match=r"free.json: its winner's plan file gone.json is "
                                          r"missing; pass the folder"):

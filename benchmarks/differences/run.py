@@ -34,9 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         suite = load_suite(a.suite)
         prepare_devices(suite)
         folder = Path(a.results) / suite.name
-        changed = record_differences(suite, folder)
+        changed, skipped = record_differences(suite, folder)
     except ValueError as err:
         p.error(str(err))
+    for name, why in skipped.items():
+        print(f"{folder}/entries/{name}: left as it is: {why}")
     if not changed:
         print(f"{folder}: every entry names its winner's changes already")
         return 0

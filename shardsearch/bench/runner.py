@@ -366,19 +366,25 @@ def _differs(plans: Sequence[dict[str, Any]], ctx: Any,
                                            setting, (), defaults=defaults)}
 
 
-def record_differences(suite: Suite, folder: Path, rules_root: Path = Path(".")) -> list[str]:
+def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."),
+                       ) -> tuple[list[str], dict[str, str]]:
     """Adds to each entry recorded under `folder/entries` without it what its
     winner changes against the best expert plan (`plan_differences`, the
     report's *winner changes*), from the winner's exported plan file (its
     `rule_file`, relative to `rules_root`) and the expert plan rebuilt on the
-    entry's mesh; nothing is compiled or timed. Returns the changed files'
-    names (then rewrite the report: `report.write_report`).
+    entry's mesh; nothing is compiled or timed. An entry whose plan file
+    gives specs of another fingerprint than its recorded winner (the file was
+    overwritten by another run) is left as it is.
+
+    Returns:
+      `(changed, skipped)`: the names of the entry files given their winner's
+      changes (then rewrite the report: `report.write_report`), and those left
+      as they are, each with the reason.
 
     Raises:
-      ValueError: an entry's plan file is missing, or its workload or mesh
-        is not the suite's any more.
+      ValueError: an entry's plan file is missing.
     """
-    changed = []
+    changed, skipped = [], {}
     for path in sorted((folder / "entries").glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
         winner = record["plans"][0]
@@ -406,14 +412,20 @@ def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."))
                        + tuple((n, v) for n, v in points.items() if v != AUTO))
             defaults = {**(knobs.defaults if knobs is not None else {}),
                         **dict.fromkeys(points, AUTO)}
+            specs = plan.apply(args)
+            if _evaluate.fingerprint(specs, setting) != winner["fingerprint"]:
+                skipped[path.name] = (f"{rule_file} gives specs of fingerprint "
+                                      f"{_evaluate.fingerprint(specs, setting)}, the entry's "
+                                      f"winner has {winner['fingerprint']}: not its plan")
+                continue
             reference = baseline_candidates(workload, mesh)[best["label"]].specs(args)
             winner["differs"] = {
                 "reference": best["label"],
-                "dimensions": plan_differences(args, plan.apply(args), reference, setting, (),
+                "dimensions": plan_differences(args, specs, reference, setting, (),
                                                defaults=defaults)}
         _write_json(path, record)
         changed.append(path.name)
-    return changed
+    return changed, skipped
 
 
 def _earlier_runs(previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:
