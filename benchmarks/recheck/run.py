@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
               f"its {a.against})", file=sys.stderr)
         return 1
     out = Path(a.out) if a.out else folder
-    command = " ".join(["python", *sys.argv])
+    command = " ".join(["python", "benchmarks/recheck/run.py",
+                        *(sys.argv[1:] if argv is None else argv)])
     results = []
     for record, reference in records:
         entry_id = record["entry"]["id"]
