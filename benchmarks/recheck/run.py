@@ -251,17 +251,19 @@ def markdown(summary: dict[str, Any]) -> str:
 def _commands(summary: dict[str, Any]) -> str:
     """The command line(s) that made the rechecks, each with when it finished
     and, when there are several, the entries it rechecked."""
-    by: dict[tuple[str, str], list[str]] = {}
+    by: dict[str, list[str]] = {}
+    last: dict[str, str] = {}
     for e in summary["entries"]:
-        key = (e.get("command") or summary["command"], e.get("finished_at")
-               or summary["finished_at"])
-        by.setdefault(key, []).append(e["entry"])
+        command = e.get("command") or summary["command"]
+        by.setdefault(command, []).append(e["entry"])
+        last[command] = max(last.get(command, ""), e.get("finished_at")
+                            or summary["finished_at"])
     rerendered = f"; {summary['rerendered']}" if summary.get("rerendered") else ""
     if len(by) == 1:
-        (command, when), = by
-        return f"Command: `{command}` ({when}){rerendered}"
-    return "Commands: " + "; ".join(f"`{command}` ({when}: {', '.join(ids)})"
-                                    for (command, when), ids in by.items()) + rerendered
+        command, = by
+        return f"Command: `{command}` ({last[command]}){rerendered}"
+    return "Commands: " + "; ".join(f"`{command}` ({last[command]}: {', '.join(ids)})"
+                                    for command, ids in by.items()) + rerendered
 
 
 if __name__ == "__main__":
