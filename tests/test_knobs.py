@@ -214,6 +214,22 @@ def test_grad_groups_take_the_axes_the_steps_rules_put_its_batch_on():
     np.testing.assert_allclose(grouped[1]["loss"], plain[1]["loss"], rtol=1e-5)
 
 
+def test_grad_groups_leave_to_xla_other_dims_ruled_onto_the_batchs_axes():
+    """A rule putting another dim on the batch's axes (act_embed=dp beside
+    act_batch=dp, found by the cpu-static64-knobs search) is left to XLA
+    inside the groups, whose mapped dim took dp: the step traces and updates
+    as without the groups (before, tracing failed: "spmd_axis_name ('dp',)
+    cannot appear in with_sharding_constraint spec")."""
+    mesh = ss.create_mesh((4,), ("dp",), devices=jax.devices()[:4])
+    w = get_workload("gpt:tiny")
+    rules = {"batch": "dp", "embed": "dp"}
+    (each, _, plain), (once, _, grouped) = _all_reduces(mesh, *w.init(0), *(
+        under_rules(w.knobs.step(setting), rules, (("dp", 4),))
+        for setting in ((("microbatches", 2),), (("microbatches", 2), ("grad_groups", 4)))))
+    assert each > once, (each, once)
+    np.testing.assert_allclose(grouped[1]["loss"], plain[1]["loss"], rtol=1e-5)
+
+
 def test_grad_groups_on_a_model_that_pins_its_batch_reduce_once_in_its_dtype():
     """A bfloat16 model with `activation_sharding` (the published rows): the
     whole step runs under the model's batch rule, the groups take dp, and the

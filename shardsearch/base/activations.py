@@ -70,6 +70,11 @@ class _Seen:
 _RELEASED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "shardsearch_activation_released", default=frozenset())
 
+# Mesh axes a released name's dims took outside (the enclosing vmap's
+# `spmd_axis_name`): no dim traced inside may be put on them again.
+_RESERVED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "shardsearch_activation_reserved", default=frozenset())
+
 _SEEN: contextvars.ContextVar[_Seen | None] = contextvars.ContextVar(
     "shardsearch_activation_points", default=None)
 
@@ -117,17 +122,19 @@ def activation(x: jax.Array, names: Sequence[str | None], *,
         return x
     mesh = AbstractMesh(tuple(s for _, s in active.axes), tuple(a for a, _ in active.axes))
     return jax.lax.with_sharding_constraint(
-        x, NamedSharding(mesh, placement(names, active.rules, unnamed_whole=unnamed_whole)))
+        x, NamedSharding(mesh, placement(names, active.rules, unnamed_whole=unnamed_whole,
+                                         reserved=_RESERVED.get())))
 
 
 def placement(names: Sequence[str | None], rules: Mapping[str, Entry], *,
-              unnamed_whole: bool = False) -> P:
+              unnamed_whole: bool = False, reserved: frozenset[str] = frozenset()) -> P:
     """The spec a point named `names` gets under `rules`: a ruled name's mesh
     axes, `P.UNCONSTRAINED` elsewhere (a dim named None: None when
     `unnamed_whole`); where two dims ask for one mesh axis the later dim
-    keeps it and the earlier one is unconstrained."""
+    keeps it and the earlier one is unconstrained, and so is a dim that asks
+    for one of the `reserved` axes (those an enclosing map's dim took)."""
     entries: list[Any] = []
-    taken: set[str] = set()
+    taken: set[str] = set(reserved)
     unnamed = None if unnamed_whole else P.UNCONSTRAINED
     for name in reversed(tuple(names)):  # a later dim keeps a mesh axis two dims ask for
         entry = (rules.get(name, P.UNCONSTRAINED) if isinstance(name, str)
@@ -187,11 +194,17 @@ def released(name: str) -> Iterator[None]:
     are active or become active inside (a model's own): for a function mapped
     over a dim that takes the rule's axes instead (`jax.vmap(...,
     spmd_axis_name=placed_on(name))`), whose own `name` dims the rule would
-    otherwise put on the same axes again."""
+    otherwise put on the same axes again. Those axes are reserved for the
+    mapped dim: any other dim a rule puts on one of them is left to XLA too."""
     token = _RELEASED.set(_RELEASED.get() | {name})
+    # The axes it took are the mapped dim's now: no other dim inside gets them
+    # (with act_embed=dp beside act_batch=dp, tracing failed on "spmd_axis_name
+    # ('dp',) cannot appear in with_sharding_constraint spec").
+    reserved = _RESERVED.set(_RESERVED.get() | set(placed_on(name)))
     try:
         yield
     finally:
+        _RESERVED.reset(reserved)
         _RELEASED.reset(token)
 
 
