@@ -37,7 +37,7 @@ import jax
 import optuna
 
 from ..base import mesh as _mesh
-from ..base.activations import AUTO, split_setting
+from ..base.activations import AUTO
 from ..base.activations import PREFIX as ACTIVATION_KNOB
 from ..base.analyzer import ShardingAnalyzer
 from ..base.target import target_mesh, target_of
@@ -360,10 +360,18 @@ def _differs(plans: Sequence[dict[str, Any]], ctx: Any,
     best = _report.best_expert(plans)
     if best is None:
         return None
-    defaults = ctx.knobs.defaults if ctx.knobs is not None else {}
-    return {"reference": best["label"],
-            "dimensions": plan_differences(ctx.abstract_args, plans[0]["specs"], best["specs"],
-                                           setting, (), defaults=defaults)}
+    return _changes(ctx.abstract_args, plans[0]["specs"], setting, best["label"], best["specs"],
+                    ctx.knobs.defaults if ctx.knobs is not None else {})
+
+
+def _changes(args: Sequence[Any], specs: Any, setting: tuple[tuple[str, Any], ...],
+             reference: str, reference_specs: Any, defaults: Mapping[str, Any]
+             ) -> dict[str, Any]:
+    """A winner row's `differs`: the reference's label and the dimensions the
+    winner changes against it (the reference runs at the knobs' defaults)."""
+    return {"reference": reference,
+            "dimensions": plan_differences(args, specs, reference_specs, setting, (),
+                                           defaults=defaults)}
 
 
 def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."),
@@ -385,10 +393,11 @@ def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."),
       ValueError: an entry's plan file is missing.
     """
     changed, skipped = [], {}
+    ids = {e.id for e in suite.entries}
     for path in sorted((folder / "entries").glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
         winner = record["plans"][0]
-        if "differs" in winner or record["entry"]["id"] not in {e.id for e in suite.entries}:
+        if "differs" in winner or record["entry"]["id"] not in ids:
             continue
         entry = suite.select([record["entry"]["id"]])[0]
         best = _report.best_expert(record["plans"])
@@ -405,24 +414,22 @@ def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."),
             plan = load_plan(rule_file, mesh=mesh)
             # The step's own knobs as the workload declares them; the
             # activation points (not the workload's) "auto" unless placed.
-            own, _rules = split_setting(tuple(plan.knobs.items()))
             knobs = workload.knobs
             points = {n: v for n, v in plan.knobs.items() if n.startswith(ACTIVATION_KNOB)}
-            setting = ((knobs.setting(dict(own)) if knobs is not None else ())
+            own = {n: v for n, v in plan.knobs.items() if n not in points}
+            setting = ((knobs.setting(own) if knobs is not None else ())
                        + tuple((n, v) for n, v in points.items() if v != AUTO))
             defaults = {**(knobs.defaults if knobs is not None else {}),
                         **dict.fromkeys(points, AUTO)}
             specs = plan.apply(args)
-            if _evaluate.fingerprint(specs, setting) != winner["fingerprint"]:
-                skipped[path.name] = (f"{rule_file} gives specs of fingerprint "
-                                      f"{_evaluate.fingerprint(specs, setting)}, the entry's "
-                                      f"winner has {winner['fingerprint']}: not its plan")
+            found = _evaluate.fingerprint(specs, setting)
+            if found != winner["fingerprint"]:
+                skipped[path.name] = (f"{rule_file} gives specs of fingerprint {found}, the "
+                                      f"entry's winner has {winner['fingerprint']}: not its plan")
                 continue
             reference = baseline_candidates(workload, mesh)[best["label"]].specs(args)
-            winner["differs"] = {
-                "reference": best["label"],
-                "dimensions": plan_differences(args, specs, reference, setting, (),
-                                               defaults=defaults)}
+            winner["differs"] = _changes(args, specs, setting, best["label"], reference,
+                                         defaults)
         _write_json(path, record)
         changed.append(path.name)
     return changed, skipped
