@@ -19,6 +19,7 @@ import pytest
 
 import shardsearch as ss
 from shardsearch import bench
+from shardsearch.base.warnings import ShardsearchWarning
 from shardsearch.bench import format_speedup, report
 from shardsearch.bench.suite import builtin_suites, load_suite, suite_names
 from shardsearch.cli import bench as _cli_bench
@@ -552,6 +553,12 @@ def test_the_report_shows_each_recheck_beside_its_headline(ran, tmp_path):
         row = next(line for line in table.splitlines() if line.startswith(f"| {e['entry']} |"))
         assert format_speedup(e["repetitions"][0]) in row
     assert "Rechecked in a fresh process: 2 entries, 2 runs: " in table
+    # A damaged recheck file is said, not silently left out of the report.
+    good = (copy / "recheck.json").read_text()
+    (copy / "recheck.json").write_text(good[:40])
+    with pytest.warns(ShardsearchWarning, match="cannot be read as a recheck"):
+        assert report.load_rechecks(copy, records) == {}
+    (copy / "recheck.json").write_text(good)
     # A rerun of the entry makes the recheck stale: it timed another winner.
     path = copy / "entries" / "free.json"
     record = json.loads(path.read_text())

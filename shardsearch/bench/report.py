@@ -12,12 +12,14 @@ import json
 import os
 import platform
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..base.jsonfile import read_json
 from ..base.units import format_bytes as _bytes
+from ..base.warnings import ShardsearchWarning
 from ..plan.writer import strict_json
 from ..search.evaluation import confirm as _confirm
 from ..search.evaluation.objectives import is_estimate
@@ -233,8 +235,13 @@ def load_rechecks(folder: Path, records: Sequence[Mapping[str, Any]],
     (`benchmarks/recheck/run.py`) by entry id: the recheck's entry where it
     re-timed the run `records` hold, None where it re-timed an earlier run of
     the entry (its winner may not be today's). Empty without the file."""
-    summary = _read(folder / "recheck.json")
+    path = folder / "recheck.json"
+    summary = _read(path)
     if not isinstance(summary, dict):
+        if path.exists():
+            warnings.warn(ShardsearchWarning(
+                f"{path} cannot be read as a recheck (damaged, or not a JSON object): the "
+                "report shows no recheck; rerun benchmarks/recheck/run.py"), stacklevel=2)
         return {}
     by_id = {r["entry"]["id"]: r for r in records}
     out: dict[str, dict[str, Any] | None] = {}
