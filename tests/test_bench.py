@@ -482,6 +482,52 @@ def test_recheck_retimes_the_exported_winner_against_a_reference(ran, tmp_path, 
         assert "winner is the plan" in capsys.readouterr().err
 
 
+def test_recheck_against_a_plan_the_suite_did_not_run(ran, tmp_path, capsys):
+    """dp_do (ZeRO-1) is built by name for the entry's mesh: re-timed unless
+    it is the winner's very plan, with no recorded figure, and by default
+    written apart from the rechecks the suite's report shows."""
+    from shardsearch.search import Candidate, fingerprint
+    from shardsearch.workloads import expert_plan, get_workload
+
+    folder, _argv, out, _entries = ran
+    copy = tmp_path / "tiny"
+    shutil.copytree(out, copy)
+    recheck = _load_recheck()
+    assert recheck.main(["--suite", str(folder / "tiny.json"), "--results", str(tmp_path),
+                         "--entries", "free", "--times", "1", "--rounds", "6",
+                         "--against", "dp_do"]) == 0
+    assert not (copy / "recheck.json").exists()  # the suite's own rechecks untouched
+    [entry] = json.loads((copy / "versus-dp_do" / "recheck.json").read_text())["entries"]
+    assert entry["reference"] == "dp_do" and entry["recorded"] is None
+    workload = get_workload("mlp:tiny")
+    mesh = ss.create_mesh((2, 4), ("dp", "tp"))
+    plan = expert_plan(workload, mesh, "dp_do")
+    zero1 = fingerprint(Candidate(plan.state_rule, plan.batch_rule, "dp_do").specs(
+        workload.abstract()))
+    winner = json.loads((copy / "entries" / "free.json").read_text())["plans"][0]
+    if zero1 == winner["fingerprint"]:
+        assert entry["same_plan"] and entry["repetitions"] == []
+        assert "same plan: nothing to time" in (copy / "versus-dp_do" / "recheck.md").read_text()
+    else:
+        [rep] = entry["repetitions"]
+        assert len(rep["winner_times"]) == len(rep["reference_times"]) == 6
+        assert "| free |" in (copy / "versus-dp_do" / "recheck.md").read_text()
+        assert "not run by the suite" in (copy / "versus-dp_do" / "recheck.md").read_text()
+    # A plan file that is not the recorded winner's (another run wrote it) is
+    # refused before anything is timed, whatever the reference.
+    record = json.loads((copy / "entries" / "free.json").read_text())
+    record["plans"][0]["fingerprint"] = "0" * 16
+    (copy / "entries" / "free.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit) as exit_:
+        recheck.main(["--suite", str(folder / "tiny.json"), "--results", str(tmp_path),
+                      "--entries", "free", "--against", "replicated", "--out",
+                      str(tmp_path / "refused")])
+    assert exit_.value.code == 2
+    assert "the entry's winner has 0000000000000000: the file is another run's plan" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "refused").exists()
+
+
 def test_winner_changes_are_recorded_afterwards_as_the_run_records_them(ran, tmp_path):
     folder, _argv, out, entries = ran
     copy = tmp_path / "tiny"

@@ -914,3 +914,28 @@ def test_megatron_with_a_distributed_optimizer_is_built_by_name():
     assert any("dp" in str(s) for p, s in flat.items() if "'mu'" in jax.tree_util.keystr(p))
     # Not among the baselines every search runs.
     assert "megatron_do" not in expert_plans(workload, mesh).plans
+
+
+def test_data_parallel_with_a_distributed_optimizer_is_built_by_name():
+    """dp_do (ZeRO-1): dp's batch and parameters, each Adam moment that has a
+    dim divisible by 8 split over both axes at once."""
+    from shardsearch.workloads import NAMED_ONLY_PLANS, expert_plan, expert_plans, get_workload
+
+    mesh = ss.create_mesh((4, 2), ("dp", "tp"))
+    workload = get_workload("gpt:tiny")
+    state = workload.abstract()[0]
+    plan, dp = (expert_plan(workload, mesh, name) for name in ("dp_do", "dp"))
+    assert plan.batch_spec == dp.batch_spec
+    split = 0
+    for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(state)[0],
+                                  jax.tree_util.tree_leaves(plan.state_rule.apply(state)),
+                                  strict=True):
+        name = jax.tree_util.keystr(path)
+        if "'mu'" in name or "'nu'" in name:
+            if any(d % 8 == 0 for d in leaf.shape):
+                assert ("dp", "tp") in tuple(spec), (name, spec)
+                split += 1
+        else:
+            assert all(e is None for e in spec), (name, spec)
+    assert split >= 4
+    assert "dp_do" in NAMED_ONLY_PLANS and "dp_do" not in expert_plans(workload, mesh).plans

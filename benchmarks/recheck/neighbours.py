@@ -34,8 +34,15 @@ import sys
 from pathlib import Path
 
 from shardsearch import create_mesh, load_plan, parse_mesh
-from shardsearch.bench import format_speedup, load_suite, prepare_devices, speedup
-from shardsearch.search import Candidate, baseline_candidates, make_context, resolve, retime
+from shardsearch.bench import format_speedup, load_suite, plan_file_specs, prepare_devices, speedup
+from shardsearch.search import (
+    Candidate,
+    baseline_candidates,
+    fingerprint,
+    make_context,
+    resolve,
+    retime,
+)
 from shardsearch.workloads import get_workload
 
 COMMAND = "python benchmarks/recheck/neighbours.py"
@@ -66,6 +73,11 @@ def main() -> int:
     workload = get_workload(entry.workload_name)
     ctx, _ = make_context(workload, None, mesh, warmup=suite.warmup, repeats=suite.repeats)
     reference = record["speedups"]["vs_best_expert"]["reference"]
+    specs, setting, _ = plan_file_specs(workload, Path(record["rule_file"]), mesh,
+                                        ctx.abstract_args)
+    if fingerprint(specs, setting) != record["plans"][0]["fingerprint"]:
+        p.error(f"{record['rule_file']} is not the plan of entry {a.entry}'s winner (another "
+                "run wrote it); rerun the entry or restore its plan file")
     plan = load_plan(record["rule_file"], mesh)
     plans = {"winner": resolve(Candidate(plan.rule, plan.batch_rule, "winner"), ctx)[0]}
     baselines = baseline_candidates(workload, mesh)

@@ -25,6 +25,13 @@ shardsearch installed (`pip install -e .`):
     python benchmarks/recheck/run.py --suite cpu-sim8
     python benchmarks/recheck/run.py --suite cpu-sim8 --entries mlp-small-dp8 --times 5
     python benchmarks/recheck/run.py --suite cpu-sim8 --against replicated   # any baseline
+    python benchmarks/recheck/run.py --suite cpu-sim8 --against dp_do --entries moe-small-dp8
+
+`--against` may also name a plan no suite runs (`NAMED_ONLY_PLANS`: dp_do,
+data parallelism with the Adam moments split, ZeRO-1; megatron_do): it is
+built for the entry's mesh, a winner with its very specs is reported as the
+same plan (nothing to time), and the output goes to `versus-<plan>/` in the
+suite's folder, apart from the rechecks the suite's report shows.
 """
 
 from __future__ import annotations
@@ -37,10 +44,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shardsearch import create_mesh, load_plan, parse_mesh
-from shardsearch.bench import format_speedup, load_suite, prepare_devices, speedup, write_report
-from shardsearch.search import baseline_candidates, make_context, retime
-from shardsearch.workloads import get_workload
+from shardsearch import create_mesh, parse_mesh
+from shardsearch.bench import (
+    format_speedup,
+    load_suite,
+    plan_file_specs,
+    prepare_devices,
+    speedup,
+    write_report,
+)
+from shardsearch.search import Candidate, baseline_candidates, fingerprint, make_context, retime
+from shardsearch.workloads import NAMED_ONLY_PLANS, expert_plan, get_workload
 
 BEST_EXPERT = "best_expert"
 
@@ -55,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--entries", help="comma-separated entry ids (default: every entry whose "
                    "winner differs from its reference)")
     p.add_argument("--against", default=BEST_EXPERT,
-                   help="the reference plan: best_expert (default) or a baseline's name "
-                   "(replicated, default, dp, fsdp, ...)")
+                   help="the reference plan: best_expert (default), a baseline's name "
+                   "(replicated, default, dp, fsdp, ...) or a plan built by name (dp_do, "
+                   "megatron_do)")
     p.add_argument("--times", type=int, default=3, help="repetitions per entry (default 3)")
     p.add_argument("--rounds", type=int, default=20,
                    help="interleaved rounds per repetition (default 20)")
@@ -78,13 +93,19 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(a.results) / suite.name
         records = _records(folder, suite, a.entries.split(",") if a.entries else None,
                            a.against)
+        # Every plan file checked before anything is timed.
+        prepared = {record["entry"]["id"]: prepare(suite, record, reference)
+                    for record, reference in records}
     except ValueError as err:
         p.error(str(err))
     if not records:
         print(f"nothing to recheck in {folder}/entries (no entry whose winner differs from "
               f"its {a.against})", file=sys.stderr)
         return 1
-    out = Path(a.out) if a.out else folder
+    # A plan the suite did not run gets its own folder: the suite's report
+    # shows the rechecks against the plans it compared.
+    out = (Path(a.out) if a.out else folder / f"versus-{a.against}"
+           if a.against in NAMED_ONLY_PLANS else folder)
     command = " ".join(["python", "benchmarks/recheck/run.py",
                         *(sys.argv[1:] if argv is None else argv)])
     results = []
@@ -92,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         entry_id = record["entry"]["id"]
         print(f"{entry_id}: winner against {reference}, {a.times} x {a.rounds} rounds",
               flush=True)
-        result = recheck(suite, record, reference, times=a.times, rounds=a.rounds)
+        result = recheck(record, reference, prepared[entry_id], times=a.times,
+                         rounds=a.rounds)
         for i, rep in enumerate(result["repetitions"], 1):
             print(f"  {i}: {format_speedup(rep)}", flush=True)
         results.append({**result, "command": command, "finished_at": _now()})
@@ -150,10 +172,16 @@ def _records(folder: Path, suite: Any, ids: list[str] | None,
             reference = record["speedups"]["vs_best_expert"]["reference"]
         else:
             reference = against
-            if against not in plans:
+            if against not in plans and against not in NAMED_ONLY_PLANS:
                 raise ValueError(f"entry {entry_id} has no plan {against!r}; its plans are "
-                                 f"{', '.join(plans)}")
-        if reference is None or not plans[reference]["fits"]:
+                                 f"{', '.join(plans)}, and the plans built by name "
+                                 f"{', '.join(NAMED_ONLY_PLANS)}")
+        if reference not in plans:
+            # Built by name at the recheck, which tells a same plan.
+            if reference is not None:
+                out.append((record, reference))
+            continue
+        if not plans[reference]["fits"]:
             continue
         if plans[reference]["fingerprint"] == plans["winner"]["fingerprint"]:
             if ids:
@@ -164,9 +192,11 @@ def _records(folder: Path, suite: Any, ids: list[str] | None,
     return out
 
 
-def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
-            rounds: int) -> dict[str, Any]:
-    """Re-times an entry's exported winner against `reference`, `times` runs."""
+def prepare(suite: Any, record: dict[str, Any], reference: str) -> dict[str, Any]:
+    """What `recheck` times for an entry: its context, the plan rows, and the
+    winner's and the reference's spec trees, the winner's checked to be the
+    recorded one. Raises ValueError (before anything is timed) when the plan
+    file is another run's, sets knobs, or the reference does not apply."""
     import jax
 
     entry = suite.select([record["entry"]["id"]])[0]
@@ -177,28 +207,63 @@ def recheck(suite: Any, record: dict[str, Any], reference: str, *, times: int,
                           objective="measured", seed=entry.seed, warmup=suite.warmup,
                           repeats=suite.repeats)
     plans = {p["label"]: p for p in record["plans"]}
-    winner_specs = load_plan(record["rule_file"], mesh=mesh).apply(ctx.abstract_args)
-    reference_specs = baseline_candidates(workload, mesh)[reference].specs(ctx.abstract_args)
-    repetitions = []
+    winner_specs, setting, _ = plan_file_specs(workload, Path(record["rule_file"]), mesh,
+                                               ctx.abstract_args)
+    if setting:
+        raise ValueError(f"entry {record['entry']['id']}: its winner sets step knobs "
+                         f"{dict(setting)}, which the recheck does not apply (it times "
+                         "argument specs only); recheck entries of a suite without knobs")
+    if fingerprint(winner_specs) != plans["winner"]["fingerprint"]:
+        raise ValueError(f"entry {record['entry']['id']}: {record['rule_file']} gives specs "
+                         f"of fingerprint {fingerprint(winner_specs)}, the entry's winner has "
+                         f"{plans['winner']['fingerprint']}: the file is another run's plan; "
+                         "rerun the entry or restore its plan file")
+    if reference in plans:
+        reference_specs = baseline_candidates(workload, mesh)[reference].specs(
+            ctx.abstract_args)
+        recorded = speedup(plans["winner"], plans[reference])
+        recorded = {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")}
+    else:
+        # A plan the suite did not run (`NAMED_ONLY_PLANS`): built here, with
+        # no recorded figure; the same specs as the winner's are no contest.
+        plan = expert_plan(workload, mesh, reference)
+        reference_specs = Candidate(plan.state_rule, plan.batch_rule, reference).specs(
+            ctx.abstract_args)
+        plans[reference] = {"label": reference, "role": "expert", "status": "built by name",
+                            "fits": True, "fingerprint": fingerprint(reference_specs)}
+        recorded = None
+    return {"ctx": ctx, "plans": plans, "recorded": recorded,
+            "specs": {"winner": winner_specs, reference: reference_specs}}
+
+
+def recheck(record: dict[str, Any], reference: str, prepared: dict[str, Any], *, times: int,
+            rounds: int) -> dict[str, Any]:
+    """Re-times an entry's exported winner against `reference`, `times` runs
+    (`prepared`: what `prepare` gave for them)."""
+    ctx, plans, specs = prepared["ctx"], prepared["plans"], prepared["specs"]
+    result = {"entry": record["entry"]["id"], "winner": plans["winner"].get("source"),
+              # The run re-timed, so a report can tell a recheck of an earlier run.
+              "entry_finished_at": record.get("finished_at"),
+              "winner_fingerprint": plans["winner"]["fingerprint"],
+              "reference": reference,
+              "reference_fingerprint": plans[reference]["fingerprint"],
+              "rule_file": record["rule_file"],
+              "recorded": prepared["recorded"], "repetitions": []}
+    if plans[reference]["fingerprint"] == plans["winner"]["fingerprint"]:
+        return {**result, "same_plan": True}
     for _ in range(times):
-        timings = retime([("winner", winner_specs), (reference, reference_specs)],
-                                  ctx, rounds)
+        timings = retime([("winner", specs["winner"]), (reference, specs[reference])], ctx,
+                         rounds)
         # Plan rows as the suite records them, so the ratio, CI and verdict
         # are the report's own.
         win, ref = ({**plans[label], "times": list(timings[label].times),
                      "median_seconds": timings[label].median} for label in ("winner", reference))
-        repetitions.append({**speedup(win, ref),
-                            "winner_seconds": win["median_seconds"],
-                            "reference_seconds": ref["median_seconds"],
-                            "winner_times": win["times"], "reference_times": ref["times"]})
-    recorded = speedup(plans["winner"], plans[reference])
-    # The run re-timed, so a report can tell a recheck of an earlier run.
-    return {"entry": record["entry"]["id"], "winner": plans["winner"].get("source"),
-            "entry_finished_at": record.get("finished_at"),
-            "winner_fingerprint": plans["winner"]["fingerprint"],
-            "reference": reference, "rule_file": record["rule_file"],
-            "recorded": {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")},
-            "repetitions": repetitions}
+        result["repetitions"].append({**speedup(win, ref),
+                                      "winner_seconds": win["median_seconds"],
+                                      "reference_seconds": ref["median_seconds"],
+                                      "winner_times": win["times"],
+                                      "reference_times": ref["times"]})
+    return result
 
 
 def rerender(folder: Path) -> int:
@@ -209,8 +274,12 @@ def rerender(folder: Path) -> int:
         record = json.loads((folder / "entries" / f"{e['entry']}.json").read_text(
             encoding="utf-8"))
         plans = {p["label"]: p for p in record["plans"]}
-        recorded = speedup(plans["winner"], plans[e["reference"]])
-        e["recorded"] = {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")}
+        if e["reference"] in plans:
+            recorded = speedup(plans["winner"], plans[e["reference"]])
+            e["recorded"] = {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")}
+        else:  # built by name: the suite has no figure
+            plans[e["reference"]] = {"label": e["reference"], "role": "expert",
+                                     "fingerprint": e["reference_fingerprint"]}
         for i, r in enumerate(e["repetitions"]):
             win = {**plans["winner"], "times": r["winner_times"],
                    "median_seconds": r["winner_seconds"]}
@@ -227,7 +296,7 @@ def rerender(folder: Path) -> int:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    n = max(len(e["repetitions"]) for e in summary["entries"])
+    n = max(max(len(e["repetitions"]), 1) for e in summary["entries"])
     lines = [
         f"# Recheck of `{summary['suite']}`", "",
         f"Each entry's exported winner re-timed against its reference "
@@ -241,10 +310,11 @@ def markdown(summary: dict[str, Any]) -> str:
         "|" + "---|" * (4 + n),
     ]
     for e in summary["entries"]:
-        runs = [format_speedup(r) for r in e["repetitions"]]
+        runs = ([format_speedup(r) for r in e["repetitions"]] if not e.get("same_plan")
+                else ["same plan: nothing to time"])
+        recorded = format_speedup(e["recorded"]) if e["recorded"] else "not run by the suite"
         lines.append("| " + " | ".join([e["entry"], str(e["winner"]), e["reference"],
-                                        format_speedup(e["recorded"]), *runs,
-                                        *["-"] * (n - len(runs))]) + " |")
+                                        recorded, *runs, *["-"] * (n - len(runs))]) + " |")
     return "\n".join(lines) + "\n"
 
 

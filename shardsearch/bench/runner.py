@@ -411,17 +411,7 @@ def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."),
             if not rule_file.is_file():
                 raise ValueError(f"{path}: its winner's plan file {rule_file} is missing; "
                                  "pass the folder the entry's rule_file is relative to")
-            plan = load_plan(rule_file, mesh=mesh)
-            # The step's own knobs as the workload declares them; the
-            # activation points (not the workload's) "auto" unless placed.
-            knobs = workload.knobs
-            points = {n: v for n, v in plan.knobs.items() if n.startswith(ACTIVATION_KNOB)}
-            own = {n: v for n, v in plan.knobs.items() if n not in points}
-            setting = ((knobs.setting(own) if knobs is not None else ())
-                       + tuple((n, v) for n, v in points.items() if v != AUTO))
-            defaults = {**(knobs.defaults if knobs is not None else {}),
-                        **dict.fromkeys(points, AUTO)}
-            specs = plan.apply(args)
+            specs, setting, defaults = plan_file_specs(workload, rule_file, mesh, args)
             found = _evaluate.fingerprint(specs, setting)
             if found != winner["fingerprint"]:
                 skipped[path.name] = (f"{rule_file} gives specs of fingerprint {found}, the "
@@ -433,6 +423,28 @@ def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."),
         _write_json(path, record)
         changed.append(path.name)
     return changed, skipped
+
+
+def plan_file_specs(workload: Any, path: Path, mesh: Any, args: Sequence[Any]
+                    ) -> tuple[Any, tuple[tuple[str, Any], ...], dict[str, Any]]:
+    """A winner's exported plan file read as the runner recorded the winner.
+
+    Returns:
+      `(specs, setting, defaults)`: the file's spec trees for `args`, the
+      knob setting a fingerprint counts (`fingerprint(specs, setting)` is
+      the recorded winner's if the file is its plan) and each knob's
+      default: the step's own knobs as the workload declares them, the
+      activation points "auto" unless the file places them.
+    """
+    plan = load_plan(path, mesh=mesh)
+    knobs = workload.knobs
+    points = {n: v for n, v in plan.knobs.items() if n.startswith(ACTIVATION_KNOB)}
+    own = {n: v for n, v in plan.knobs.items() if n not in points}
+    setting = ((knobs.setting(own) if knobs is not None else ())
+               + tuple((n, v) for n, v in points.items() if v != AUTO))
+    defaults = {**(knobs.defaults if knobs is not None else {}),
+                **dict.fromkeys(points, AUTO)}
+    return plan.apply(args), setting, defaults
 
 
 def _earlier_runs(previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:

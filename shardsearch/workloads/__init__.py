@@ -3,9 +3,12 @@
 `get_workload("gpt:small")` returns a `Workload` (a step, its concrete and
 abstract arguments, flops and parameter count); `expert_plans(workload, mesh)`
 returns the hand-written plans (replicated, dp, fsdp, megatron, fsdp_tp, ep)
-that apply on that mesh and why the others do not.
+that apply on that mesh and why the others do not; `expert_plan` builds one
+by name, including those no search runs by itself (`NAMED_ONLY_PLANS`: the
+distributed-optimizer plans megatron_do and dp_do).
 """
 
+from ._experts import NAMED_ONLY_PLANS as NAMED_ONLY_PLANS
 from ._experts import PLAN_NAMES as PLAN_NAMES
 from ._experts import expert_plan as expert_plan
 from ._experts import expert_plans as expert_plans
@@ -18,6 +21,7 @@ from ._registry import list_workloads as list_workloads
 from ._workload import Workload as Workload
 
 __all__ = [
+    "NAMED_ONLY_PLANS",
     "PLAN_NAMES",
     "ExpertPlans",
     "MeshRoles",

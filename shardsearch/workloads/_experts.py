@@ -237,6 +237,14 @@ def _megatron_do(ctx: _Context) -> Plan:
                 "(Megatron-LM's distributed optimizer, ZeRO-1)")
 
 
+def _dp_do(ctx: _Context) -> Plan:
+    plan = _dp(ctx)
+    axes = tuple(ctx.mesh.axis_names)
+    return Plan("dp_do", OptimizerStateRule(plan.state_rule, axes, mesh=ctx.mesh),
+                plan.batch_spec, f"batch over all axes {axes}, parameters replicated, Adam "
+                "moments split over them (a distributed optimizer, ZeRO-1)")
+
+
 _BUILDERS: dict[str, Callable[[_Context], Plan]] = {
     "replicated": _replicated,
     "dp": _dp,
@@ -247,8 +255,12 @@ _BUILDERS: dict[str, Callable[[_Context], Plan]] = {
 }
 PLAN_NAMES = tuple(_BUILDERS)
 # Plans built only when asked for by name (`expert_plan`): the published
-# Megatron-LM runs' sharding. Not among the baselines every search runs.
-_NAMED_ONLY: dict[str, Callable[[_Context], Plan]] = {"megatron_do": _megatron_do}
+# Megatron-LM runs' sharding, and data parallelism with the same distributed
+# optimizer (the reference for a searched plan that splits only the moments).
+# Not among the baselines every search runs.
+_NAMED_ONLY: dict[str, Callable[[_Context], Plan]] = {"megatron_do": _megatron_do,
+                                                      "dp_do": _dp_do}
+NAMED_ONLY_PLANS = tuple(_NAMED_ONLY)
 
 
 def _context(workload: Workload, mesh: Any, roles: MeshRoles | None) -> _Context:
@@ -292,9 +304,10 @@ def expert_plan(workload: Workload, mesh: Any, name: str, roles: MeshRoles | Non
     Args:
         workload: the workload to shard.
         mesh: a Mesh or AbstractMesh (None: the in-context mesh).
-        name: one of `PLAN_NAMES`, or "megatron_do" (megatron with the Adam
-            moments also split over the data axes: Megatron-LM's distributed
-            optimizer), built only by name.
+        name: one of `PLAN_NAMES`, or one built only by name: "megatron_do"
+            (megatron with the Adam moments also split over the data axes:
+            Megatron-LM's distributed optimizer) or "dp_do" (dp with the
+            moments split over every mesh axis: ZeRO-1).
         roles: axis roles; default `MeshRoles.from_mesh(mesh)`.
 
     Returns:
