@@ -513,6 +513,17 @@ def test_recheck_against_a_plan_the_suite_did_not_run(ran, tmp_path, capsys):
         assert len(rep["winner_times"]) == len(rep["reference_times"]) == 6
         assert "| free |" in (copy / "versus-dp_do" / "recheck.md").read_text()
         assert "not run by the suite" in (copy / "versus-dp_do" / "recheck.md").read_text()
+    # Under the quarter budget dp_do (every weight whole) does not fit: said
+    # with the reason, and not timed.
+    assert recheck.main(["--suite", str(folder / "tiny.json"), "--results", str(tmp_path),
+                         "--entries", "tight", "--times", "1", "--rounds", "6",
+                         "--against", "dp_do"]) == 0
+    data = json.loads((copy / "versus-dp_do" / "recheck.json").read_text())
+    assert [e["entry"] for e in data["entries"]] == ["free", "tight"]  # merged
+    tight = data["entries"][1]
+    assert tight["reference_status"] == "does not fit" and tight["repetitions"] == []
+    assert "budget" in tight["reference_reason"]
+    assert "dp_do does not fit: " in (copy / "versus-dp_do" / "recheck.md").read_text()
     # A plan file that is not the recorded winner's (another run wrote it) is
     # refused before anything is timed, whatever the reference.
     record = json.loads((copy / "entries" / "free.json").read_text())

@@ -30,8 +30,10 @@ shardsearch installed (`pip install -e .`):
 `--against` may also name a plan no suite runs (`NAMED_ONLY_PLANS`: dp_do,
 data parallelism with the Adam moments split, ZeRO-1; megatron_do): it is
 built for the entry's mesh, a winner with its very specs is reported as the
-same plan (nothing to time), and the output goes to `versus-<plan>/` in the
-suite's folder, apart from the rechecks the suite's report shows.
+same plan (nothing to time), one over the entry's budget (the analyzer,
+then XLA's figures) is reported as not fitting, and the output goes to
+`versus-<plan>/` in the suite's folder, apart from the rechecks the suite's
+report shows.
 """
 
 from __future__ import annotations
@@ -53,7 +55,16 @@ from shardsearch.bench import (
     speedup,
     write_report,
 )
-from shardsearch.search import Candidate, baseline_candidates, fingerprint, make_context, retime
+from shardsearch.search import (
+    Candidate,
+    Stage,
+    Status,
+    baseline_candidates,
+    evaluate,
+    fingerprint,
+    make_context,
+    retime,
+)
 from shardsearch.workloads import NAMED_ONLY_PLANS, expert_plan, get_workload
 
 BEST_EXPERT = "best_expert"
@@ -226,11 +237,24 @@ def prepare(suite: Any, record: dict[str, Any], reference: str) -> dict[str, Any
     else:
         # A plan the suite did not run (`NAMED_ONLY_PLANS`): built here, with
         # no recorded figure; the same specs as the winner's are no contest.
+        # It must fit the entry's budget as the suite's plans did: the
+        # analyzer, then XLA's figures after a compile.
         plan = expert_plan(workload, mesh, reference)
         reference_specs = Candidate(plan.state_rule, plan.batch_rule, reference).specs(
             ctx.abstract_args)
-        plans[reference] = {"label": reference, "role": "expert", "status": "built by name",
-                            "fits": True, "fingerprint": fingerprint(reference_specs)}
+        fp = fingerprint(reference_specs)
+        plans[reference] = {"label": reference, "role": "expert", "fingerprint": fp,
+                            "fits": True, "status": "built by name", "reason": None,
+                            "memory_per_device": {}}
+        if fp != plans["winner"]["fingerprint"]:  # the winner's fit is on record
+            outcome = evaluate(reference_specs, fp, ctx, run=False)
+            fits = not (outcome.status == Status.FAILED
+                        or outcome.cut_stage in (Stage.CHECK, Stage.COMPILE))
+            plans[reference].update(
+                fits=fits, memory_per_device=dict(sorted(outcome.memory.items())),
+                status=("built by name" if fits else "failed"
+                        if outcome.status == Status.FAILED else "does not fit"),
+                reason=None if fits else outcome.reason)
         recorded = None
     return {"ctx": ctx, "plans": plans, "recorded": recorded,
             "specs": {"winner": winner_specs, reference: reference_specs}}
@@ -251,6 +275,10 @@ def recheck(record: dict[str, Any], reference: str, prepared: dict[str, Any], *,
               "recorded": prepared["recorded"], "repetitions": []}
     if plans[reference]["fingerprint"] == plans["winner"]["fingerprint"]:
         return {**result, "same_plan": True}
+    if not plans[reference]["fits"]:  # nothing to time against
+        return {**result, "reference_status": plans[reference]["status"],
+                "reference_reason": plans[reference]["reason"],
+                "reference_memory": plans[reference]["memory_per_device"]}
     for _ in range(times):
         timings = retime([("winner", specs["winner"]), (reference, specs[reference])], ctx,
                          rounds)
@@ -297,10 +325,11 @@ def rerender(folder: Path) -> int:
 
 def markdown(summary: dict[str, Any]) -> str:
     n = max(max(len(e["repetitions"]), 1) for e in summary["entries"])
+    against = "best expert" if summary["against"] == BEST_EXPERT else summary["against"]
     lines = [
         f"# Recheck of `{summary['suite']}`", "",
         f"Each entry's exported winner re-timed against its reference "
-        f"({summary['against'].replace('_', ' ')}), {n} separate interleaved runs of "
+        f"({against}), {n} separate interleaved runs of "
         f"{summary['rounds']} rounds, after the suite. Ratio = the median per-round ratio "
         "reference / winner (above 1x: the winner is faster) with its 95% CI; \"faster\" "
         "when the paired Wilcoxon test says so and the interval is wholly above 1.", "",
@@ -310,8 +339,10 @@ def markdown(summary: dict[str, Any]) -> str:
         "|" + "---|" * (4 + n),
     ]
     for e in summary["entries"]:
-        runs = ([format_speedup(r) for r in e["repetitions"]] if not e.get("same_plan")
-                else ["same plan: nothing to time"])
+        runs = (["same plan: nothing to time"] if e.get("same_plan") else
+                [f"{e['reference']} {e['reference_status']}: {e['reference_reason']}"]
+                if e.get("reference_status") else
+                [format_speedup(r) for r in e["repetitions"]])
         recorded = format_speedup(e["recorded"]) if e["recorded"] else "not run by the suite"
         lines.append("| " + " | ".join([e["entry"], str(e["winner"]), e["reference"],
                                         recorded, *runs, *["-"] * (n - len(runs))]) + " |")
