@@ -87,6 +87,10 @@ def _drill_seconds() -> float:
     return float(text) if text else (120.0 if _under_ci() else 15.0)
 
 
+# How long the restart drill waits for every worker's first trial.
+FIRST_TRIALS = 90.0
+
+
 def _short_seconds() -> float:
     return min(max(_drill_seconds() / 6, 12.0), 20.0)
 
@@ -389,12 +393,16 @@ def test_chaos_kill_9_workers_at_random(drill):
 def test_chaos_server_restarted_mid_study(drill):
     folder = server_dir()
     seconds = _short_seconds()
-    drill.say(f"restart drill: {WORKERS} workers searching {seconds:.0f} s")
+    drill.say(f"restart drill: {WORKERS} workers searching {seconds:.0f} s after their "
+              f"first trials (at most {FIRST_TRIALS:.0f} s)")
+    # Each searches long enough to go on after the restart however slowly the
+    # workers reach their first trials: on a slow CI run that took 35 s, and
+    # a 20 s search left one worker no trial after the restart.
     for _ in range(WORKERS):
-        drill.start(seconds)
+        drill.start(seconds + FIRST_TRIALS)
     # Restart once every worker has recorded a trial: all of them hold
     # connections, in the middle of their search.
-    limit = time.monotonic() + 120.0
+    limit = time.monotonic() + FIRST_TRIALS
     while True:
         trials = drill.snapshot() or []
         if all(_per_worker(trials, drill).values()) or time.monotonic() > limit:
