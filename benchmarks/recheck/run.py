@@ -51,16 +51,14 @@ from shardsearch.bench import (
     format_speedup,
     load_suite,
     plan_file_specs,
+    plan_row,
     prepare_devices,
     speedup,
     write_report,
 )
 from shardsearch.search import (
     Candidate,
-    Stage,
-    Status,
     baseline_candidates,
-    evaluate,
     fingerprint,
     make_context,
     retime,
@@ -243,18 +241,10 @@ def prepare(suite: Any, record: dict[str, Any], reference: str) -> dict[str, Any
         reference_specs = Candidate(plan.state_rule, plan.batch_rule, reference).specs(
             ctx.abstract_args)
         fp = fingerprint(reference_specs)
-        plans[reference] = {"label": reference, "role": "expert", "fingerprint": fp,
-                            "fits": True, "status": "built by name", "reason": None,
-                            "memory_per_device": {}}
-        if fp != plans["winner"]["fingerprint"]:  # the winner's fit is on record
-            outcome = evaluate(reference_specs, fp, ctx, run=False)
-            fits = not (outcome.status == Status.FAILED
-                        or outcome.cut_stage in (Stage.CHECK, Stage.COMPILE))
-            plans[reference].update(
-                fits=fits, memory_per_device=dict(sorted(outcome.memory.items())),
-                status=("built by name" if fits else "failed"
-                        if outcome.status == Status.FAILED else "does not fit"),
-                reason=None if fits else outcome.reason)
+        plans[reference] = ({"label": reference, "role": "expert", "fingerprint": fp,
+                             "fits": True}  # the winner's own plan: its fit is on record
+                            if fp == plans["winner"]["fingerprint"] else
+                            plan_row(reference, "expert", reference_specs, ctx, {}))
         recorded = None
     return {"ctx": ctx, "plans": plans, "recorded": recorded,
             "specs": {"winner": winner_specs, reference: reference_specs}}

@@ -12,7 +12,8 @@ behind these names (`suite`, `runner`, `report`) are private.
   `Suite`, `Entry`, `prepare_devices`.
 - The runner: `run_suite`, `run_entry`, `resolve_budget`, `SuiteRun`,
   `record_differences` (what each winner changes, for entries recorded without it),
-  `plan_file_specs` (a winner's exported plan file read as the runner recorded it).
+  `plan_file_specs` (a winner's exported plan file read as the runner recorded it),
+  `plan_row` (a plan's row, its fit to the budget checked as the runner checks it).
 - Reports: `speedup` (the winner against one reference: ratio, CI, verdict),
   `interval_problems` (a record's ratios that disagree with their intervals),
   `refresh_speedups` (recompute a folder's entries from their recorded times),
@@ -50,6 +51,7 @@ from .report import write_report as write_report
 from .runner import SuiteRun as SuiteRun
 from .runner import entry_mesh as entry_mesh
 from .runner import plan_file_specs as plan_file_specs
+from .runner import plan_row as plan_row
 from .runner import record_differences as record_differences
 from .runner import resolve_budget as resolve_budget
 from .runner import run_entry as run_entry
@@ -82,6 +84,7 @@ __all__ = [
     "load_suite",
     "machine_info",
     "plan_file_specs",
+    "plan_row",
     "prepare_devices",
     "published_step_seconds",
     "record_differences",

@@ -270,7 +270,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
                      if r.outcome.fingerprint == win_fp and r.outcome.status == COMPLETE),
                     default=None)
     winner_ctx = ctx.with_setting(setting)
-    plans = [_plan_row("winner", "winner", result.best_specs, winner_ctx, known, knobs=setting)]
+    plans = [plan_row("winner", "winner", result.best_specs, winner_ctx, known, knobs=setting)]
     if setting:
         plans[0]["context"] = winner_ctx
     if result.best_knobs:
@@ -285,7 +285,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         # timed beside the experts' but are not counted as expert plans.
         role = (label if label in ("replicated", "default")
                 else "expert" if label in hand_written else "derived")
-        plans.append(_plan_row(label, role, specs, ctx, known, invalid=fp))
+        plans.append(plan_row(label, role, specs, ctx, known, invalid=fp))
     one_ctx = None
     objective = get_objective(entry.objective)
     if suite.simulated and objective.needs_host_args:
@@ -293,7 +293,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         one_ctx = dataclasses.replace(ctx, mesh=one, budget=None, compiles=0)
         # The replicated specs name no mesh axis, so they run on any mesh.
         single = next(p["specs"] for p in plans if p["label"] == "replicated")
-        plans.append(_plan_row("single_device", "single_device", single, one_ctx, {}))
+        plans.append(plan_row("single_device", "single_device", single, one_ctx, {}))
         plans[-1]["context"] = one_ctx
     rounds = rounds or suite.rounds
     if objective.confirms:
@@ -469,11 +469,14 @@ def _finished_trials(storage: str, study_name: str) -> int:
     return sum(TrialRecord.from_trial(t) is not None for t in study.get_trials(deepcopy=False))
 
 
-def _plan_row(label: str, role: str, specs: Any, ctx: Any, known: Mapping[str, Any],
-              invalid: str = "", knobs: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
-    """A plan's fit and memory: from the search's record of its specs when it
-    has one, else checked here (analyzer, then a compile for XLA's numbers).
-    `knobs`: the step's knob setting `ctx` was built for (`Context.with_setting`)."""
+def plan_row(label: str, role: str, specs: Any, ctx: Any, known: Mapping[str, Any],
+             invalid: str = "", knobs: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+    """A plan's row as an entry records it, with its fit and memory: from the
+    search's record of its specs when `known` (fingerprint → `Outcome`) has
+    it, else checked here against `ctx`'s budget (analyzer, then a compile
+    for XLA's numbers); `fits` False with `status` "does not fit" or
+    "failed" and the `reason` when it does not. `knobs`: the step's knob
+    setting `ctx` was built for (`Context.with_setting`)."""
     row: dict[str, Any] = {"label": label, "role": role, "specs": specs, "fits": False,
                            "status": None, "reason": None, "median_seconds": None,
                            "ci_seconds": None, "times": [], "timed_as": None}
