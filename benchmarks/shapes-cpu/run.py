@@ -8,7 +8,10 @@ each plan on its own mesh), the winner is timed against every expert plan
 on every split (dp=1,tp=8 .. dp=8,tp=1: the suite's fixed meshes dp=8,
 dp=2,tp=4 and dp=4,tp=2 among them), and `shardsearch.bench.speedup`
 compares it with the fastest of them: the median of the per-round ratios,
-its 95% interval (order statistics) and a verdict.
+its 95% interval (order statistics) and a verdict. From the same run it
+also compares the winner with the fastest expert on each split, the
+comparison a user who fixed that mesh would make (`vs_split_best`), and
+keeps every plan's rounds (`times`).
 
     python benchmarks/shapes-cpu/run.py [--workloads mlp:small,...] [--trials N] [--rounds R]
     python benchmarks/shapes-cpu/run.py --recheck
@@ -16,7 +19,9 @@ its 95% interval (order statistics) and a verdict.
 The first writes `DIR/shapes-cpu.json` and `.md` (default DIR
 `benchmarks/results/shapes-cpu`) and the winners' plan files; `--recheck`
 times each winner (from its plan file) against that best expert again, in
-this fresh process, and adds the recheck to both files.
+this fresh process, and adds the recheck to both files; the best expert of
+each split is timed beside them, so the per-split comparisons are rechecked
+in the same run. Each entry records the command that searched it.
 
 Simulated devices share the machine's cores: a step's time is mostly the
 total work over the 8 devices, and communication is nearly free, so a
@@ -40,6 +45,7 @@ import jax  # noqa: E402
 
 from shardsearch.bench import speedup  # noqa: E402
 from shardsearch.search import Candidate, make_context, resolve, retime  # noqa: E402
+from shardsearch.search.evaluation.outcome import fingerprint  # noqa: E402
 from shardsearch.workloads import expert_plans, get_workload  # noqa: E402
 
 COMMAND = "python benchmarks/shapes-cpu/run.py"
@@ -71,21 +77,38 @@ def experts(workload, seed: int) -> list[tuple[str, tuple, object]]:
     return out
 
 
-def row(label: str, role: str, timing, fingerprint: str) -> dict:
-    return {"label": label, "role": role, "status": "complete", "fingerprint": fingerprint,
+def split_of(label: str) -> str:
+    """The split a label names: "fsdp@dp=2,tp=4" -> "dp=2,tp=4"."""
+    return label.rpartition("@")[2]
+
+
+def row(label: str, role: str, timing, plan: str) -> dict:
+    return {"label": label, "role": role, "status": "complete", "fingerprint": plan,
             "median_seconds": timing.median, "times": list(timing.times)}
 
 
 def compare(winner: tuple, others: list[tuple], rounds: int) -> dict:
     """One interleaved run of the winner and `others`; the winner against the
-    fastest of them."""
+    fastest of them, and against the fastest of them on each split.
+
+    A plan's fingerprint is its split and its specs, so an expert with the
+    winner's specs on the winner's split is "same plan", not a timed tie.
+    """
     timings = retime([winner, *others], winner[2], rounds)
-    rows = [row(winner[0], "winner", timings[winner[0]], "winner")]
-    rows += [row(label, "expert", timings[label], label) for label, _, _ in others]
+    rows = [row(label, "winner" if label == winner[0] else "expert", timings[label],
+                f"{split_of(label)}:{fingerprint(specs)}")
+            for label, specs, _ in [winner, *others]]
     best = min(rows[1:], key=lambda r: r["median_seconds"])
+    per_split = {}
+    for r in rows[1:]:
+        split = split_of(r["label"])
+        if split not in per_split or r["median_seconds"] < per_split[split]["median_seconds"]:
+            per_split[split] = r
     return {"winner": rows[0]["label"], "best_expert": best["label"],
             "medians": {r["label"]: r["median_seconds"] for r in rows},
-            "vs_best_expert": speedup(rows[0], best)}
+            "times": {r["label"]: r["times"] for r in rows},
+            "vs_best_expert": speedup(rows[0], best),
+            "vs_split_best": {split: speedup(rows[0], r) for split, r in per_split.items()}}
 
 
 def search(name: str, trials: int, rounds: int, out: Path) -> dict:
@@ -99,54 +122,94 @@ def search(name: str, trials: int, rounds: int, out: Path) -> dict:
     winner_ctx = result.setup.local_context()
     label = f"winner {result.best_label}@{text(result.mesh_axes)}"
     comparison = compare((label, result.best_specs, winner_ctx), experts(workload, 0), rounds)
-    return {"search_seconds": seconds, "shape": text(result.mesh_axes),
+    return {"command": f"{COMMAND} --workloads {name} --trials {trials} --rounds {rounds}",
+            "search_seconds": seconds, "shape": text(result.mesh_axes),
             "label": result.best_label, "plan": plan_path.name, "shapes": result.shapes,
             "trials": trials, "rounds": rounds, **comparison}
 
 
 def recheck(name: str, record: dict, rounds: int, out: Path) -> dict:
-    """The winner (from its plan file) against the recorded best expert, timed
-    again in this process."""
+    """The winner (from its plan file) against the recorded best expert and
+    the recorded best expert of each split, timed again in this process."""
     workload = get_workload(name)
     shape = dict(part.split("=") for part in record["shape"].split(","))
     mesh = mesh_of({a: int(s) for a, s in shape.items()})
     ctx, _ = make_context(workload, None, mesh, objective="measured", isolate=False)
     plan = ss.load_plan(out / record["plan"])
     specs = tuple(plan.apply(ctx.abstract_args))
-    best = [e for e in experts(workload, 0) if e[0] == record["best_expert"]]
-    return compare((record["winner"], specs, ctx), best, rounds)
+    medians = {label: m for label, m in record["medians"].items() if label != record["winner"]}
+    fastest = {}
+    for label, median in medians.items():
+        split = split_of(label)
+        if split not in fastest or median < medians[fastest[split]]:
+            fastest[split] = label
+    wanted = {record["best_expert"], *fastest.values()}
+    return compare((record["winner"], specs, ctx),
+                   [e for e in experts(workload, 0) if e[0] in wanted], rounds)
+
+
+def interval(s: dict | None) -> str:
+    """A comparison as "1.02 (0.95-1.10), tie"; "-" when there is none."""
+    if s is None:
+        return "-"
+    if s.get("speedup") is None:
+        return s.get("verdict") or s.get("note") or "-"
+    return (f"{s['speedup']:.2f} ({s['ratio_ci'][0]:.2f}-{s['ratio_ci'][1]:.2f}), "
+            f"{s['verdict']}")
 
 
 def table(records: dict) -> str:
     lines = ["| workload | winner (shape) | best expert (shape) | winner / expert median ms "
-             "| speedup (95% CI) | verdict | recheck speedup (95% CI), verdict | search s |",
-             "|" + "---|" * 8]
+             "| speedup (95% CI), verdict | recheck speedup (95% CI), verdict | search s |",
+             "|" + "---|" * 7]
     for name, r in records.items():
-        s = r["vs_best_expert"]
-        again = r.get("recheck", {}).get("vs_best_expert")
-        check = ("-" if again is None else
-                 f"{again['speedup']:.2f} ({again['ratio_ci'][0]:.2f}-"
-                 f"{again['ratio_ci'][1]:.2f}), {again['verdict']}")
         lines.append(
             f"| {name} | {r['label']} ({r['shape']}) | {r['best_expert']} | "
             f"{r['medians'][r['winner']] * 1e3:.2f} / "
-            f"{r['medians'][r['best_expert']] * 1e3:.2f} | {s['speedup']:.2f} "
-            f"({s['ratio_ci'][0]:.2f}-{s['ratio_ci'][1]:.2f}) | {s['verdict']} | {check} | "
+            f"{r['medians'][r['best_expert']] * 1e3:.2f} | {interval(r['vs_best_expert'])} | "
+            f"{interval(r.get('recheck', {}).get('vs_best_expert'))} | "
             f"{r['search_seconds']:.0f} |")
     return "\n".join(lines)
 
 
-def save(out: Path, args: str, records: dict) -> None:
+def split_table(records: dict) -> str:
+    """The winner against the fastest expert of each split: in the search's
+    run and in the recheck (either may lack it: records before the per-split
+    comparison, or not yet rechecked)."""
+    lines = ["| workload | split | its fastest expert | speedup (95% CI), verdict | "
+             "recheck: its fastest expert, speedup (95% CI), verdict |", "|" + "---|" * 5]
+    for name, r in records.items():
+        here = r.get("vs_split_best", {})
+        again = r.get("recheck", {}).get("vs_split_best", {})
+        for split in [text(shape) for shape in SHAPES]:
+            if split not in here and split not in again:
+                continue
+            mine, theirs = here.get(split), again.get(split)
+            lines.append(
+                f"| {name} | {split} | {mine['reference'] if mine else '-'} | {interval(mine)} "
+                f"| {(theirs['reference'] + ', ') if theirs else ''}{interval(theirs)} |")
+    return "\n".join(lines)
+
+
+def save(out: Path, records: dict) -> None:
     (out / "shapes-cpu.json").write_text(json.dumps({
-        "command": f"{COMMAND} {args}".strip(), "jax": jax.__version__,
-        "python": platform.python_version(), "entries": records}, indent=1, default=str) + "\n")
+        "jax": jax.__version__, "python": platform.python_version(), "entries": records},
+        indent=1, default=str) + "\n")
+    commands = "\n".join(
+        f"- {name}: `{r['command']}`"
+        + (f", then `{r['recheck']['command']}`" if "command" in r.get("recheck", {}) else "")
+        for name, r in records.items())
     (out / "shapes-cpu.md").write_text(
         "# The mesh's shape searched on 8 simulated CPU devices\n\n"
-        f"Command: `{COMMAND} {args}`, then `{COMMAND} --recheck` (a fresh process; raw "
-        "figures in `shapes-cpu.json`; what it does: the script's docstring). The winner "
-        "of the shape search against the fastest expert plan on any split of the 8 "
-        "devices, in one interleaved run: speedup = the median of per-round ratios "
-        "expert / winner, with its 95% interval.\n\n" + table(records) + "\n")
+        "Commands (the recheck in a fresh process; raw figures in `shapes-cpu.json`; what "
+        f"they do: the script's docstring):\n\n{commands}\n\n"
+        "The winner of the shape search against the fastest expert plan on any split of the "
+        "8 devices, in one interleaved run: speedup = the median of per-round ratios "
+        "expert / winner, with its 95% interval.\n\n" + table(records) + "\n\n"
+        "The same winner against the fastest expert of each split, from the same "
+        "interleaved runs: what a user who fixed that mesh would get from the experts "
+        "(the `cpu-sim8` suite fixes dp=8, dp=2,tp=4 and dp=4,tp=2).\n\n"
+        + split_table(records) + "\n")
 
 
 def main() -> int:
@@ -162,19 +225,24 @@ def main() -> int:
     path = out / "shapes-cpu.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     records = data.get("entries", {})
-    args = data.get("command", "").removeprefix(COMMAND).strip() if a.recheck else (
-        f"--workloads {a.workloads} --trials {a.trials} --rounds {a.rounds}")
+    for record in records.values():
+        # Records from before each entry kept its command: the file's one.
+        record.setdefault("command", data.get("command"))
     for name in a.workloads.split(","):
         if a.recheck:
-            if name in records:
-                records[name]["recheck"] = recheck(name, records[name], a.rounds, out)
+            if name not in records:
+                continue
+            records[name]["recheck"] = recheck(name, records[name], a.rounds, out)
+            records[name]["recheck"]["command"] = (
+                f"{COMMAND} --recheck --workloads {name} --rounds {a.rounds}")
         elif name not in records:
             print(f"{name}: searching the shape ...", flush=True)
             records[name] = search(name, a.trials, a.rounds, out)
         else:
             continue
-        save(out, args, records)
-        print(table({name: records[name]}), flush=True)
+        save(out, records)
+        print(table({name: records[name]}) + "\n\n" + split_table({name: records[name]}),
+              flush=True)
     return 0
 
 
