@@ -44,8 +44,7 @@ ss.use_cpu_devices(8)
 import jax  # noqa: E402
 
 from shardsearch.bench import speedup  # noqa: E402
-from shardsearch.search import Candidate, make_context, resolve, retime  # noqa: E402
-from shardsearch.search.evaluation.outcome import fingerprint  # noqa: E402
+from shardsearch.search import Candidate, fingerprint, make_context, resolve, retime  # noqa: E402
 from shardsearch.workloads import expert_plans, get_workload  # noqa: E402
 
 COMMAND = "python benchmarks/shapes-cpu/run.py"
