@@ -43,7 +43,7 @@ ss.use_cpu_devices(8)
 
 import jax  # noqa: E402
 
-from shardsearch.bench import speedup  # noqa: E402
+from shardsearch.bench import format_speedup, speedup  # noqa: E402
 from shardsearch.search import Candidate, fingerprint, make_context, resolve, retime  # noqa: E402
 from shardsearch.workloads import expert_plans, get_workload  # noqa: E402
 
@@ -81,6 +81,16 @@ def split_of(label: str) -> str:
     return label.rpartition("@")[2]
 
 
+def fastest_per_split(medians: dict[str, float]) -> dict[str, str]:
+    """The label of the fastest plan on each split, from `{label: median}`."""
+    fastest: dict[str, str] = {}
+    for label, median in medians.items():
+        split = split_of(label)
+        if split not in fastest or median < medians[fastest[split]]:
+            fastest[split] = label
+    return fastest
+
+
 def row(label: str, role: str, timing, plan: str) -> dict:
     return {"label": label, "role": role, "status": "complete", "fingerprint": plan,
             "median_seconds": timing.median, "times": list(timing.times)}
@@ -98,11 +108,9 @@ def compare(winner: tuple, others: list[tuple], rounds: int) -> dict:
                 f"{split_of(label)}:{fingerprint(specs)}")
             for label, specs, _ in [winner, *others]]
     best = min(rows[1:], key=lambda r: r["median_seconds"])
-    per_split = {}
-    for r in rows[1:]:
-        split = split_of(r["label"])
-        if split not in per_split or r["median_seconds"] < per_split[split]["median_seconds"]:
-            per_split[split] = r
+    by_label = {r["label"]: r for r in rows[1:]}
+    per_split = {split: by_label[label] for split, label in fastest_per_split(
+        {label: r["median_seconds"] for label, r in by_label.items()}).items()}
     return {"winner": rows[0]["label"], "best_expert": best["label"],
             "medians": {r["label"]: r["median_seconds"] for r in rows},
             "times": {r["label"]: r["times"] for r in rows},
@@ -136,30 +144,21 @@ def recheck(name: str, record: dict, rounds: int, out: Path) -> dict:
     ctx, _ = make_context(workload, None, mesh, objective="measured", isolate=False)
     plan = ss.load_plan(out / record["plan"])
     specs = tuple(plan.apply(ctx.abstract_args))
-    medians = {label: m for label, m in record["medians"].items() if label != record["winner"]}
-    fastest = {}
-    for label, median in medians.items():
-        split = split_of(label)
-        if split not in fastest or median < medians[fastest[split]]:
-            fastest[split] = label
+    fastest = fastest_per_split({label: m for label, m in record["medians"].items()
+                                 if label != record["winner"]})
     wanted = {record["best_expert"], *fastest.values()}
     return compare((record["winner"], specs, ctx),
                    [e for e in experts(workload, 0) if e[0] in wanted], rounds)
 
 
 def interval(s: dict | None) -> str:
-    """A comparison as "1.02 (0.95-1.10), tie"; "-" when there is none."""
-    if s is None:
-        return "-"
-    if s.get("speedup") is None:
-        return s.get("verdict") or s.get("note") or "-"
-    return (f"{s['speedup']:.2f} ({s['ratio_ci'][0]:.2f}-{s['ratio_ci'][1]:.2f}), "
-            f"{s['verdict']}")
+    """A comparison as the suites' reports show it; "-" when there is none."""
+    return "-" if s is None else format_speedup(s)
 
 
 def table(records: dict) -> str:
     lines = ["| workload | winner (shape) | best expert (shape) | winner / expert median ms "
-             "| speedup (95% CI), verdict | recheck speedup (95% CI), verdict | search s |",
+             "| speedup [95% CI] verdict | recheck speedup [95% CI] verdict | search s |",
              "|" + "---|" * 7]
     for name, r in records.items():
         lines.append(
@@ -175,8 +174,8 @@ def split_table(records: dict) -> str:
     """The winner against the fastest expert of each split: in the search's
     run and in the recheck (either may lack it: records before the per-split
     comparison, or not yet rechecked)."""
-    lines = ["| workload | split | its fastest expert | speedup (95% CI), verdict | "
-             "recheck: its fastest expert, speedup (95% CI), verdict |", "|" + "---|" * 5]
+    lines = ["| workload | split | its fastest expert | speedup [95% CI] verdict | "
+             "recheck: its fastest expert, speedup [95% CI] verdict |", "|" + "---|" * 5]
     for name, r in records.items():
         here = r.get("vs_split_best", {})
         again = r.get("recheck", {}).get("vs_split_best", {})
