@@ -312,6 +312,27 @@ def test_pick_winner_takes_the_smallest_of_the_baselines_that_tie():
     assert pick_winner([("search", lucky, False, 1), ("dp", base, True, 400)])[0] == "dp"
 
 
+def test_the_paired_tests_p_value_is_scipys_with_ties_and_zeros():
+    # With ties or zeros among 13 or fewer rounds SciPy enumerates the sign
+    # flips one call at a time (2 s at 12 rounds); ours enumerates them at
+    # once and must give the same p-value. Rounds of up to 10 keep SciPy quick.
+    from scipy import stats
+
+    from shardsearch.search.evaluation.confirm import _signed_rank_p_less
+
+    rng = np.random.default_rng(0)
+    cases = [np.array([-0.03, 0.02] * 3), np.array([0.0, -1.0, -1.0, 2.0, -3.0, 0.0, -2.0])]
+    cases += [rng.integers(-3, 4, size=int(n)) * 0.01 for n in rng.integers(6, 11, size=30)]
+    checked = 0
+    for diffs in cases:
+        if not np.any(diffs):
+            continue
+        expected = stats.wilcoxon(diffs, alternative="less").pvalue
+        assert _signed_rank_p_less(diffs) == pytest.approx(expected, rel=1e-12), diffs
+        checked += 1
+    assert checked >= 25
+
+
 def test_a_baseline_slower_in_every_round_does_not_tie_for_its_memory():
     # Three rounds: the paired test can never call one plan slower, but a plan
     # slower in every round than the fastest is not the same speed (seen: the
