@@ -12,6 +12,14 @@ import tempfile
 # environment carries the choice to the subprocesses the tests start.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# The tests assert behaviour, never speed, so XLA:CPU compiles them cheaply:
+# LLVM at -O0 and the legacy fusion emitters take about a third of the
+# default's compile time on the tiny workloads (docs/testing.md). The flags
+# replace any XLA_FLAGS of the shell (a --xla_force_host_platform_device_count
+# there would fight jax_num_cpu_devices below), and the processes the tests
+# start inherit them (`child_env.child_env`).
+os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
 import jax
 
 jax.config.update("jax_num_cpu_devices", 8)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from child_env import child_env
 from side_by_side import run_side_by_side
 
 import shardsearch as ss
@@ -362,8 +362,7 @@ SUBPROCESS_CASES = [
 def exited(folder):
     """Each case's command run in its own process, all side by side (each
     spends its time importing jax): `(exit code, stderr)` by case id."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = child_env()
     commands = {case: [sys.executable, "-m", "shardsearch",
                        *(a.replace("{d}", str(folder)) for a in argv)]
                 for case, argv, _words in SUBPROCESS_CASES}

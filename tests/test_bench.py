@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from child_env import child_env
 
 import shardsearch as ss
 from shardsearch import bench
@@ -313,8 +314,7 @@ def test_a_shipped_suite_is_found_from_any_folder(tmp_path, monkeypatch, capsys)
 
 
 def test_the_console_entry_lists_a_shipped_suite_outside_the_repository(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = child_env()
     done = subprocess.run([sys.executable, "-m", "shardsearch", "bench", "--suite",
                            "cpu-static64", "--list"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)

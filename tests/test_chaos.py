@@ -37,6 +37,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from child_env import child_env
 from optuna.trial import FrozenTrial, TrialState
 from pgserver import ONE_PROCESS, fresh_database, postgres_url, restart_server, server_dir
 
@@ -147,8 +148,7 @@ class _Drill:
     def start(self, search_seconds: float, tz: str = "UTC", host: str | None = None) -> _Worker:
         """A new worker that searches for `search_seconds` (after its setup)."""
         name = f"w{len(self.workers)}"
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env |= {"JAX_PLATFORMS": "cpu", "TZ": tz}
+        env = child_env(TZ=tz)
         cli = [*COMMAND, "--storage", self.url, "--timeout", f"{search_seconds:.1f}",
                "--seed", str(len(self.workers)), "--out", str(self.tmp_path / f"{name}.json")]
         argv = ([sys.executable, "-c", OTHER_HOST, host, *cli] if host

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from child_env import child_env
 
 import shardsearch as ss
 from shardsearch.base import spec as _spec
@@ -20,10 +21,9 @@ from shardsearch.workloads import get_workload
 PLAN = "shardsearch-mlp-tiny-dp2-tp4.json"
 
 
-def _subprocess(*argv, cwd, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    return subprocess.run([sys.executable, "-m", "shardsearch", *argv], cwd=cwd, env=env,
+def _subprocess(*argv, cwd, timeout=300, **env):
+    return subprocess.run([sys.executable, "-m", "shardsearch", *argv], cwd=cwd,
+                          env=child_env(**env),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -167,7 +167,10 @@ def test_end_to_end_optimize_export_show_load(tmp_path):
     done = _subprocess("optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4",
                        "--devices", "8", "--trials", "4", "--repeats", "2", "--warmup", "1",
                        "--confirm-rounds", "6", "--storage", storage, "--study", "e2e",
-                       "--out", "plan.json", "--quiet", cwd=tmp_path)
+                       "--out", "plan.json", "--quiet", cwd=tmp_path,
+                       # The tests' cheap compiles (conftest) take under the
+                       # command's 0.5 s threshold; JAX's own setting wins.
+                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     assert done.returncode == 0, done.stderr
     assert re.search(r"median ms +95% CI ms", done.stdout)
     assert "wrote plan.json" in done.stdout
@@ -231,3 +234,19 @@ def test_show_exits_1_when_the_plan_does_not_fit(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "the plan does not fit mlp:tiny on mesh dp=3,tp=4: 2 problem(s):" in err
     assert "batch/x: dim 0 has size 16, not divisible by mesh axis 'dp' of size 3" in err
+
+
+@pytest.mark.parametrize("setting, threshold", [(None, "0.5"), ("2.5", "2.5")])
+def test_the_compile_caches_threshold_is_half_a_second_unless_jax_is_told(
+        tmp_path, setting, threshold):
+    code = ("import jax; from shardsearch.search.study.storage import use_compile_cache; "
+            "use_compile_cache('cache'); "
+            "print(jax.config.jax_persistent_cache_min_compile_time_secs)")
+    env = child_env()
+    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    if setting is not None:
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = setting
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == threshold
+    assert (tmp_path / "cache").is_dir()

@@ -5,7 +5,6 @@ describes.
 """
 
 import ast
-import os
 import subprocess
 import sys
 import types
@@ -14,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from child_env import child_env
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
@@ -46,8 +46,7 @@ def test_defect_1_specs_do_not_depend_on_the_hash_seed():
 
     With six equal-size axes, set order would differ between most seeds.
     """
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = child_env()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _HASH_SCRIPT], env={**env, "PYTHONHASHSEED": str(seed)},

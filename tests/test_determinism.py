@@ -1,10 +1,10 @@
 """Same inputs, same specs, whatever the process's hash seed."""
 
-import os
 import subprocess
 import sys
 
 import pytest
+from child_env import child_env
 
 # Prints every rule kind's specs, configs and the analyzer's findings for one
 # tree on a three-axis mesh whose axes all have the same size, where any
@@ -52,8 +52,7 @@ print(analyzer.validate_partition_specs(bad, {"w": P(("tp", "sp"), "zz", "fsdp")
 
 
 def _run(seed):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(PYTHONHASHSEED=str(seed), JAX_PLATFORMS="cpu")
+    env = child_env(PYTHONHASHSEED=str(seed))
     return subprocess.Popen(
         [sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)

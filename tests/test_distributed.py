@@ -15,6 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from child_env import child_env
 
 import shardsearch as ss
 from shardsearch.cli.launch import free_port, process_command, worst
@@ -89,8 +90,7 @@ def test_optimize_refuses_isolation_across_processes(capsys):
 
 
 def _env():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
+    env = child_env(PYTHONUNBUFFERED="1")
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     return env
 

@@ -1,7 +1,6 @@
 """The plan file: writing, loading back, partition rules, errors, determinism."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from child_env import child_env
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
@@ -301,8 +301,7 @@ def test_same_search_same_file_whatever_the_hash_seed(tmp_path):
     """Two processes, two hash seeds: the files differ under "results" only."""
     procs = []
     for seed in (1, 2):
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env.update(PYTHONHASHSEED=str(seed), JAX_PLATFORMS="cpu")
+        env = child_env(PYTHONHASHSEED=str(seed))
         out = tmp_path / f"plan{seed}.json"
         procs.append((out, subprocess.Popen(
             [sys.executable, "-m", "shardsearch", "optimize", "--workload", "mlp:tiny",

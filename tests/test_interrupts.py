@@ -5,7 +5,6 @@ signal on one study: each run must exit with its code (130, 143) and no C++
 abort, its running trial failed as "interrupted", nothing left RUNNING.
 """
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 
 import optuna
 import pytest
+from child_env import child_env
 from optuna.trial import TrialState
 from progress import after_trials
 
@@ -28,8 +28,7 @@ COMMAND = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--devic
 
 
 def _start(tmp_path, storage, isolate):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = child_env()
     return subprocess.Popen([sys.executable, "-m", "shardsearch", *COMMAND, "--storage",
                              storage, "--isolate" if isolate else "--no-isolate"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,

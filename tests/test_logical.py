@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from typing import NamedTuple
@@ -15,6 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import pytest
+from child_env import child_env
 from jax.extend import core as jcore
 
 import shardsearch as ss
@@ -187,8 +187,7 @@ def test_names_and_order_do_not_depend_on_the_hash_seed():
     # The three processes run side by side; each spends its time importing jax.
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-                                   "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"})
+                              env=child_env(PYTHONHASHSEED=seed))
              for seed in ("0", "1", "2")]
     outputs = []
     for proc in procs:

@@ -6,12 +6,12 @@ psycopg2; the `postgres` extra brings both. Each error path runs the real
 command in a subprocess and reads everything it printed.
 """
 
-import os
 import subprocess
 import sys
 from urllib.parse import quote
 
 import pytest
+from child_env import child_env
 from pgserver import ONE_PROCESS, fresh_database, postgres_url
 from sqlalchemy.engine import make_url
 
@@ -59,8 +59,7 @@ def _url(case):
 ], ids=["wrong-password", "wrong-host", "missing-database"])
 def test_a_password_is_never_printed(case, command, tmp_path):
     url, password, message = _url(case)
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = child_env()
     done = subprocess.run([sys.executable, "-m", "shardsearch", *command, "--storage", url],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     printed = done.stdout + done.stderr

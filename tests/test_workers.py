@@ -7,7 +7,6 @@ in this process, where a dead worker is a pid that no longer runs.
 """
 
 import collections
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 
 import optuna
 import pytest
+from child_env import child_env
 from optuna.trial import TrialState
 from pgserver import ONE_PROCESS, fresh_database, postgres_url
 from progress import after_trials
@@ -41,8 +41,7 @@ COMMAND = ["optimize", "--workload", "mlp:tiny", "--mesh", "dp=2,tp=4", "--devic
 
 
 def _worker(tmp_path, storage, name, trials, seed, command=COMMAND):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = child_env()
     return subprocess.Popen(
         [sys.executable, "-m", "shardsearch", *command, "--storage", storage, "--trials",
          str(trials), "--seed", str(seed), "--out", str(tmp_path / f"{name}.json")],
