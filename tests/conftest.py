@@ -66,3 +66,19 @@ def any_mesh(request):
 @pytest.fixture
 def mesh24():
     return ss.create_mesh((2, 4), ("dp", "tp"))
+
+
+def pytest_itemcollected(item):
+    """Under `--dist loadgroup`, the tests of a module that use its
+    module-scoped fixtures (a whole suite run or search, for some) run in one
+    process, which builds each once; a test already in a group
+    (`pgserver.ONE_PROCESS`) keeps it. Marked as each test is collected,
+    before pytest-xdist reads the groups."""
+    if item.get_closest_marker("xdist_group"):
+        return
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        definitions = info.name2fixturedefs.get(name) if info else None
+        if definitions and definitions[-1].scope == "module":
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            return
