@@ -10,7 +10,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from scipy import stats
 
 from . import evaluate as _evaluate
 from .context import Context
@@ -45,6 +44,8 @@ def median_ci(times: Sequence[float], level: float = 0.95) -> tuple[float, float
     interval runs between the order statistics that cover `level` of it. For
     fewer than 6 samples this is the full range.
     """
+    from scipy import stats  # here: SciPy's import would add 0.8 s to every process's start
+
     xs = sorted(times)
     n = len(xs)
     if n == 0:
@@ -78,6 +79,8 @@ def _signed_rank_p_less(diffs: np.ndarray) -> float:
     positive ranks, and SciPy's tolerance for equal sums (100 machine
     epsilons, relative). Other cases go to SciPy, which is quick there.
     """
+    from scipy import stats
+
     n = len(diffs)
     nonzero = diffs[diffs != 0]
     ranks = stats.rankdata(np.abs(nonzero))
