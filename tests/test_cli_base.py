@@ -1,11 +1,11 @@
 """The command line's base: version, help, usage errors."""
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_env
 from side_by_side import run_side_by_side
 
 import shardsearch as ss
@@ -31,7 +31,7 @@ def ran():
     """Every command of COMMANDS run in its own process, all side by side (each
     spends its time importing jax): a CompletedProcess by name. The console
     script's is None when it is not installed."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = child_env()
     commands = {name: argv for name, argv in COMMANDS.items()
                 if name != "version" or SCRIPT.exists()}
     return {name: None for name in COMMANDS} | run_side_by_side(

@@ -16,6 +16,7 @@ import time
 import urllib.request
 
 import pytest
+from child_env import child_env
 
 import shardsearch as ss
 from shardsearch.cli import main as _cli
@@ -45,7 +46,7 @@ def _serve(storage: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "shardsearch", "dashboard", "--storage", storage, "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        env=child_env())
     deadline = time.monotonic() + ANSWER_WAIT
     while time.monotonic() < deadline:
         ready, _, _ = select.select([proc.stdout], [], [], 1.0)

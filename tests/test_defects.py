@@ -46,10 +46,9 @@ def test_defect_1_specs_do_not_depend_on_the_hash_seed():
 
     With six equal-size axes, set order would differ between most seeds.
     """
-    env = child_env()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _HASH_SCRIPT], env={**env, "PYTHONHASHSEED": str(seed)},
+            [sys.executable, "-c", _HASH_SCRIPT], env=child_env(PYTHONHASHSEED=str(seed)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for seed in (0, 1, 2, 3)]
     outputs = []

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_env
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -33,7 +34,7 @@ def _need(extra: str, *modules: str) -> None:
 
 
 def _run(name: str, workdir: Path) -> dict:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0"}
+    env = child_env(PYTHONHASHSEED="0")
     done = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), str(workdir)],
                           capture_output=True, text=True, env=env, timeout=600, check=False)
     assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -112,5 +113,5 @@ def test_import_shardsearch_loads_neither_framework():
             "print(sorted(m for m in ('flax', 'equinox', 'optax', 'shardsearch.flax', "
             "'shardsearch.equinox') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120, check=True)
+                          env=child_env(), timeout=120, check=True)
     assert done.stdout.strip() == "[]"

@@ -2,13 +2,13 @@
 `shardsearch optimize --axes` (issue 24, item 1)."""
 
 import json
-import os
 import subprocess
 import sys
 
 import jax
 import optuna
 import pytest
+from child_env import child_env
 
 import shardsearch as ss
 from shardsearch.search.shapes import PROBES, ShapeWarning, factorisations, mesh_shapes
@@ -105,7 +105,7 @@ def test_a_mesh_and_a_shape_search_are_one_or_the_other():
 
 def test_the_command_line_searches_the_shape(tmp_path):
     out = tmp_path / "plan.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-m", "shardsearch", "optimize", "--workload", "mlp:tiny", "--axes",
          "dp,tp", "--devices", "4", "--trials", "6", "--objective", "static", "--quiet",

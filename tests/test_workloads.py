@@ -4,7 +4,6 @@ import dataclasses
 import functools
 import itertools
 import math
-import os
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from child_env import child_env
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -358,7 +358,7 @@ def test_plans_do_not_depend_on_the_hash_seed():
     # The two processes run side by side; each spends its time importing jax.
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"})
+                              env=child_env(PYTHONHASHSEED=seed))
              for seed in ("0", "12345")]
     outputs = []
     for proc in procs:
