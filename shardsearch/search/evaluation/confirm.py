@@ -83,10 +83,10 @@ def _signed_rank_p_less(diffs: np.ndarray) -> float:
 
     n = len(diffs)
     nonzero = diffs[diffs != 0]
-    ranks = stats.rankdata(np.abs(nonzero))
     tied = len(np.unique(np.abs(nonzero))) < len(nonzero)
     if n > 13 or not (tied or len(nonzero) < n):
         return float(stats.wilcoxon(diffs, alternative="less").pvalue)
+    ranks = stats.rankdata(np.abs(nonzero))
     observed = float(ranks[nonzero > 0].sum())
     # Every sign pattern of the non-zero differences; each zero doubles every
     # pattern's count alike, which the fraction does not see.
