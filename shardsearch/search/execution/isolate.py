@@ -68,6 +68,7 @@ from ..evaluation.evaluate import error_line
 from ..evaluation.outcome import Outcome
 from ..evaluation.stages import FAILED
 from .base import Base
+from .spawner import Forked, spawn
 from .transport import package_step, travels
 
 if TYPE_CHECKING:
@@ -79,10 +80,6 @@ START_TIMEOUT = 300.0
 # Seconds past `compile_timeout` before a worker still compiling is stopped; the
 # worker's own timeout fires first unless XLA holds on to the interpreter.
 COMPILE_GRACE = 60.0
-
-# Seconds an idle worker waits for work before it exits on its own, so a
-# study abandoned by an exception does not leave it behind for long.
-IDLE_EXIT = 600.0
 
 # The JAX options a worker copies from the study process.
 CONFIG = ("jax_platforms", "jax_num_cpu_devices", "jax_enable_x64",
@@ -484,11 +481,15 @@ class _Worker:
         # Unbuffered, so what a crashing worker printed is in the log.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _python_path()}
         code = "from shardsearch.search.execution.worker import main; raise SystemExit(main())"
+        payload = str(folder / "payload.pkl")
         try:
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen(
-                    [sys.executable, "-c", code, str(to_worker_r), str(from_worker_w),
-                     str(folder / "payload.pkl")],
+                # Forked from a process that has imported JAX already where it
+                # can be (`spawner`), else a new interpreter.
+                self.process: subprocess.Popen[bytes] | Forked = spawn(
+                    env, to_worker_r, from_worker_w, log.fileno(), payload
+                ) or subprocess.Popen(
+                    [sys.executable, "-c", code, str(to_worker_r), str(from_worker_w), payload],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     pass_fds=(to_worker_r, from_worker_w), env=env,
                     start_new_session=True)  # Ctrl-C is for the study process

@@ -1,12 +1,13 @@
 """The worker process: evaluates one study's candidates for its study process.
 
 Started by `search.isolate` as `python -c "...worker import main..." READ_FD
-WRITE_FD PAYLOAD`. It sets JAX's options from the payload before its backend
+WRITE_FD PAYLOAD`, or forked with the same arguments from the helper of
+`search.execution.spawner`, which has imported JAX already. It sets JAX's options from the payload before its backend
 starts, loads the step (a `jax.export` program, a workload rebuilt by name,
 or an imported function), the host arguments and the study's settings,
 builds the same `Context` the study process would evaluate with, says
 "ready", then serves jobs until told to exit, until its study process goes
-away, or after `isolate.IDLE_EXIT` idle seconds.
+away, or after `IDLE_EXIT` idle seconds.
 
 Messages (pickled, over two pipes):
   study → worker: ("evaluate", specs, fp, memory, run, reports, estimates),
@@ -36,6 +37,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+# Seconds an idle worker waits for work before it exits on its own, so a
+# study abandoned by an exception does not leave it behind for long.
+IDLE_EXIT = 600.0
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the worker; returns its exit status."""
@@ -51,21 +56,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         outbox.send(("failed", f"{type(err).__name__}: {err}".splitlines()[0]))
         return 1
     outbox.send(("ready", os.getpid()))
-    return serve(ctx, inbox, outbox)
+    try:
+        return serve(ctx, inbox, outbox)
+    except (EOFError, BrokenPipeError):
+        # The study process is gone (its ends of the pipes closed with it)
+        # without cleaning up: what it would have removed goes now.
+        _remove(payload.get("leftovers", ()))
+        return 0
+
+
+def _remove(leftovers: Sequence[str]) -> None:
+    for folder in leftovers:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _exit_with_parent(leftovers: Sequence[str]) -> None:
     # The worker runs in its own session, so no terminal signal reaches it; a
     # study process killed with -9 must not leave it running a hung step, nor
-    # its temporary folders behind.
+    # its temporary folders behind. (Its parent is the study process, or the
+    # spawner's helper, which exits when the study process does.)
     parent = os.getppid()
 
     def watch() -> None:
         while True:
             time.sleep(1.0)
             if os.getppid() != parent:
-                for folder in leftovers:
-                    shutil.rmtree(folder, ignore_errors=True)
+                _remove(leftovers)
                 os._exit(0)
 
     threading.Thread(target=watch, name="shardsearch-parent-watch", daemon=True).start()
@@ -160,7 +176,6 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
     from ..evaluation import confirm as _confirm
     from ..evaluation import evaluate as _evaluate
     from ..evaluation.stages import FAILED
-    from .isolate import IDLE_EXIT
 
     def reporter() -> Callable[[int, float], bool]:
         def report(index: int, seconds: float) -> bool:
@@ -202,10 +217,7 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
             ctx.programs[setting] = _step(program, ctx.abstract_args, axes)
 
     while inbox.poll(IDLE_EXIT):
-        try:
-            kind, *args = inbox.recv()
-        except EOFError:
-            return 0
+        kind, *args = inbox.recv()  # EOFError: the study process is gone (`main`)
         if kind == "exit":
             return 0
         outbox.send(("started",))
