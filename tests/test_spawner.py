@@ -132,3 +132,23 @@ def test_a_study_process_killed_with_9_leaves_no_process_or_folder(tmp_path):
     assert not spawner._exists(int(helper)), "the helper outlived its study process"
     assert not spawner._exists(int(worker)), "the worker outlived its study process"
     assert not Path(folder).exists(), "the worker's folder was left behind"
+
+
+def test_an_interrupted_request_retires_its_helper(monkeypatch):
+    # An answer left unread would be taken as the next request's: the helper
+    # serves no more, and exits.
+    helper = Spawner(dict(os.environ))
+    assert not helper.lost, helper.failure
+
+    def interrupted(timeout):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(helper, "_next", interrupted)
+    read, write = os.pipe()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            helper.fork(read, write, write, "unused")
+    finally:
+        os.close(read)
+        os.close(write)
+    assert helper.lost and helper.process.wait(timeout=30) is not None

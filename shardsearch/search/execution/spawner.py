@@ -56,6 +56,7 @@ SWITCH = "SHARDSEARCH_FORK_WORKERS"
 
 # Helpers of this process, newest last, by the environment their workers get.
 _HELPERS: list[Spawner] = []
+_DISOWNED: list[Spawner] = []
 _LOCK = threading.Lock()
 
 _MESSAGE = 1 << 16
@@ -70,6 +71,12 @@ def spawn(env: dict[str, str], read_fd: int, write_fd: int, log_fd: int,
     if sys.platform != "linux" or os.environ.get(SWITCH, "1") == "0":
         return None
     with _LOCK:
+        if any(h.owner != os.getpid() for h in _HELPERS):
+            # This process was forked from the one whose helpers these are.
+            for helper in _HELPERS:
+                helper.disown()
+            _DISOWNED.extend(_HELPERS)  # kept: their `Popen`s are not this process's
+            _HELPERS.clear()
         helper = next((h for h in _HELPERS if h.env == env and not h.lost), None)
         if helper is None:
             _forget_idle()
@@ -83,7 +90,9 @@ def _close_all() -> None:
     """At exit: each helper exits, and any worker still running after it."""
     with _LOCK:
         while _HELPERS:
-            _HELPERS.pop().close()
+            helper = _HELPERS.pop()
+            if helper.owner == os.getpid():
+                helper.close()
 
 
 def _forget_idle() -> None:
@@ -105,7 +114,7 @@ class Spawner:
     """
 
     def __init__(self, env: dict[str, str]):
-        self.env = dict(env)
+        self.env, self.owner = dict(env), os.getpid()
         self.lost, self.failure = False, ""
         self.statuses: dict[int, int] = {}
         self.children: set[int] = set()
@@ -123,7 +132,11 @@ class Spawner:
             theirs.close()
         self.sock = ours
         if not self.lost:
-            reply = self._next(START_TIMEOUT)
+            try:
+                reply = self._next(START_TIMEOUT)
+            except BaseException:  # Ctrl-C while it imports
+                self.close()
+                raise
             if reply is None or reply[0] != "ready":
                 self.failure = (reply[1] if reply else "it exited before it was ready"
                                 if self.lost else f"no answer within {START_TIMEOUT:g} s")
@@ -137,10 +150,15 @@ class Spawner:
             try:
                 socket.send_fds(self.sock, [pickle.dumps(("fork", payload, os.getcwd()))],
                                 [read_fd, write_fd, log_fd])
+                reply = self._next(START_TIMEOUT)
             except OSError:
+                reply = None
+            except BaseException:
+                # Ctrl-C mid-request: an answer left unread would answer the
+                # next request, so this helper serves no more (it exits, and
+                # the worker it may have forked follows it).
                 self.close()
-                return None
-            reply = self._next(START_TIMEOUT)
+                raise
             if reply is None or reply[0] != "forked":
                 self.close()
                 return None
@@ -173,6 +191,13 @@ class Spawner:
                 return None
             if self.lost:
                 time.sleep(0.05)
+
+    def disown(self) -> None:
+        """In a process forked from the owner: drops this process's copy of
+        the socket, leaving the helper to the owner."""
+        self.lost = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
     def close(self) -> None:
         """Closes the socket; the helper exits, and its workers after it."""
