@@ -88,6 +88,7 @@ def test_the_switch_turns_forking_off(mesh24, monkeypatch):
 
 def test_a_helper_that_cannot_start_forks_nothing():
     helper = Spawner({"PYTHONHOME": "/nonexistent", "PATH": os.environ.get("PATH", "")})
+    assert not helper.wait_ready()
     assert helper.lost and helper.failure == "it exited before it was ready"
     read, write = os.pipe()
     try:
@@ -138,7 +139,7 @@ def test_an_interrupted_request_retires_its_helper(monkeypatch):
     # An answer left unread would be taken as the next request's: the helper
     # serves no more, and exits.
     helper = Spawner(dict(os.environ))
-    assert not helper.lost, helper.failure
+    assert helper.wait_ready(), helper.failure
 
     def interrupted(timeout):
         raise KeyboardInterrupt

@@ -68,7 +68,7 @@ from ..evaluation.evaluate import error_line
 from ..evaluation.outcome import Outcome
 from ..evaluation.stages import FAILED
 from .base import Base
-from .spawner import Forked, spawn
+from .spawner import Forked, prestart, spawn
 from .transport import package_step, travels
 
 if TYPE_CHECKING:
@@ -219,6 +219,9 @@ class Isolation(Base):
             warnings.warn(f"shardsearch: evaluating candidates in this process, without a "
                           f"worker to survive crashes: {why}", IsolationWarning, stacklevel=4)
             return None
+        # The helper that forks workers imports JAX while this process goes
+        # on setting the study up.
+        prestart(_worker_env())
         return cls(folder, program[0], forced, workload)
 
     @property
@@ -466,6 +469,11 @@ def _write_payload(folder: Path, ctx: Context, program: tuple[str, Any]) -> None
     (folder / "payload.pkl").write_bytes(pickle.dumps(payload))
 
 
+def _worker_env() -> dict[str, str]:
+    # Unbuffered, so what a crashing worker printed is in the log.
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _python_path()}
+
+
 def _python_path() -> str:
     entries = [os.getcwd() if p == "" else p for p in sys.path]
     return os.pathsep.join(dict.fromkeys(p for p in entries if isinstance(p, str)))
@@ -478,8 +486,7 @@ class _Worker:
         self.log_path = folder / f"worker-{number}.log"
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        # Unbuffered, so what a crashing worker printed is in the log.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _python_path()}
+        env = _worker_env()
         code = "from shardsearch.search.execution.worker import main; raise SystemExit(main())"
         payload = str(folder / "payload.pkl")
         try:

@@ -68,6 +68,17 @@ def spawn(env: dict[str, str], read_fd: int, write_fd: int, log_fd: int,
     output on `log_fd`) from the helper for `env`, starting the helper if
     needed; None where forking does not apply or failed, so the caller
     starts the worker another way. The caller keeps and closes its fds."""
+    helper = _helper(env)
+    return None if helper is None else helper.fork(read_fd, write_fd, log_fd, payload)
+
+
+def prestart(env: dict[str, str]) -> None:
+    """Starts the helper for `env` now, without waiting for it: its imports
+    then overlap whatever the study process does before its first worker."""
+    _helper(env)
+
+
+def _helper(env: dict[str, str]) -> Spawner | None:
     if sys.platform != "linux" or os.environ.get(SWITCH, "1") == "0":
         return None
     with _LOCK:
@@ -82,7 +93,7 @@ def spawn(env: dict[str, str], read_fd: int, write_fd: int, log_fd: int,
             _forget_idle()
             helper = Spawner(env)
             _HELPERS.append(helper)
-    return helper.fork(read_fd, write_fd, log_fd, payload)
+    return helper
 
 
 @atexit.register
@@ -131,7 +142,14 @@ class Spawner:
         finally:
             theirs.close()
         self.sock = ours
-        if not self.lost:
+        self.ready = False  # the helper said so (`wait_ready`)
+
+    def wait_ready(self) -> bool:
+        """Waits for the helper to finish its imports; False (and `failure`
+        says why) when it cannot."""
+        with self._lock:
+            if self.ready or self.lost:
+                return self.ready
             try:
                 reply = self._next(START_TIMEOUT)
             except BaseException:  # Ctrl-C while it imports
@@ -141,11 +159,13 @@ class Spawner:
                 self.failure = (reply[1] if reply else "it exited before it was ready"
                                 if self.lost else f"no answer within {START_TIMEOUT:g} s")
                 self.close()
+            self.ready = not self.lost
+            return self.ready
 
     def fork(self, read_fd: int, write_fd: int, log_fd: int, payload: str) -> Forked | None:
         """A worker forked by the helper; None if the helper is lost."""
         with self._lock:
-            if self.lost:
+            if not self.wait_ready():
                 return None
             try:
                 socket.send_fds(self.sock, [pickle.dumps(("fork", payload, os.getcwd()))],

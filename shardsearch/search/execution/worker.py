@@ -2,12 +2,13 @@
 
 Started by `search.isolate` as `python -c "...worker import main..." READ_FD
 WRITE_FD PAYLOAD`, or forked with the same arguments from the helper of
-`search.execution.spawner`, which has imported JAX already. It sets JAX's options from the payload before its backend
-starts, loads the step (a `jax.export` program, a workload rebuilt by name,
-or an imported function), the host arguments and the study's settings,
-builds the same `Context` the study process would evaluate with, says
-"ready", then serves jobs until told to exit, until its study process goes
-away, or after `IDLE_EXIT` idle seconds.
+`search.execution.spawner`, which has imported JAX already. It sets JAX's
+options from the payload before its backend starts, loads the step (a
+`jax.export` program, a workload rebuilt by name, or an imported function),
+the host arguments and the study's settings, builds the same `Context` the
+study process would evaluate with, says "ready", then serves jobs until told
+to exit, until its study process goes away, or after `IDLE_EXIT` idle
+seconds.
 
 Messages (pickled, over two pipes):
   study → worker: ("evaluate", specs, fp, memory, run, reports, estimates),
