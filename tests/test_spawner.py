@@ -15,7 +15,7 @@ from child_env import child_env
 
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.search.execution import spawner
-from shardsearch.search.execution.spawner import Forked, Spawner
+from shardsearch.search.execution.spawner import Forked, Spawner, SpawnerWarning
 from shardsearch.search.setup import make_context
 from shardsearch.search.space.baselines import baseline_candidates
 from shardsearch.workloads import get_workload
@@ -89,13 +89,28 @@ def test_the_switch_turns_forking_off(mesh24, monkeypatch):
 def test_a_helper_that_cannot_start_forks_nothing():
     helper = Spawner({"PYTHONHOME": "/nonexistent", "PATH": os.environ.get("PATH", "")})
     assert not helper.wait_ready()
-    assert helper.lost and helper.failure == "it exited before it was ready"
+    assert helper.lost and helper.failure == "exited before it was ready"
     read, write = os.pipe()
     try:
         assert helper.fork(read, write, write, "unused") is None
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_a_helper_that_died_is_said_and_the_worker_starts_as_a_new_interpreter(mesh24,
+                                                                              monkeypatch):
+    monkeypatch.setenv("SHARDSEARCH_TEST_MARK", "dies")  # a helper of this test's own
+    ctx, process = _started(mesh24)
+    ctx.close()
+    helper = process.helper
+    os.killpg(helper.process.pid, signal.SIGKILL)
+    helper.process.wait()
+    with pytest.warns(SpawnerWarning, match=r"starting the worker as a new interpreter: its "
+                                            r"helper is gone \(killed by SIGKILL\)"):
+        ctx, process = _started(mesh24)
+    with ctx:
+        assert isinstance(process, subprocess.Popen) and _parent(process.pid) == os.getpid()
 
 
 KILLED = """

@@ -26,7 +26,8 @@ log file, the study process's current folder.
   watches their parent).
 - **Where it does not apply.** Not on Linux, with
   `SHARDSEARCH_FORK_WORKERS=0`, or when the helper cannot start or dies,
-  `spawn` returns None and the caller starts the worker with `python -c`.
+  `spawn` returns None and the caller starts the worker with `python -c`;
+  the last two with a `SpawnerWarning` saying why.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from typing import Any
+
+from ...base.warnings import ShardsearchWarning
 
 # Seconds the helper may take to import JAX and shardsearch and say it is ready.
 START_TIMEOUT = 300.0
@@ -53,6 +57,11 @@ LOST_STATUS = 255
 
 # The environment variable that turns forking off ("0").
 SWITCH = "SHARDSEARCH_FORK_WORKERS"
+
+class SpawnerWarning(ShardsearchWarning):
+    """A worker could not be forked (its helper did not start, or is gone):
+    it starts as a new interpreter instead, paying the imports again."""
+
 
 # Helpers of this process, newest last, by the environment their workers get.
 _HELPERS: list[Spawner] = []
@@ -69,7 +78,13 @@ def spawn(env: dict[str, str], read_fd: int, write_fd: int, log_fd: int,
     needed; None where forking does not apply or failed, so the caller
     starts the worker another way. The caller keeps and closes its fds."""
     helper = _helper(env)
-    return None if helper is None else helper.fork(read_fd, write_fd, log_fd, payload)
+    if helper is None:
+        return None
+    forked = helper.fork(read_fd, write_fd, log_fd, payload)
+    if forked is None:
+        warnings.warn(f"shardsearch: starting the worker as a new interpreter: its helper "
+                      f"{helper.failure}", SpawnerWarning, stacklevel=3)
+    return forked
 
 
 def prestart(env: dict[str, str]) -> None:
@@ -121,7 +136,7 @@ class Spawner:
     Attributes:
       env: the environment the helper and its workers run with.
       lost: the helper is gone or did not start; nothing more is forked.
-      failure: why it did not start, or "".
+      failure: why it did not start or stopped forking, or "".
     """
 
     def __init__(self, env: dict[str, str]):
@@ -156,8 +171,9 @@ class Spawner:
                 self.close()
                 raise
             if reply is None or reply[0] != "ready":
-                self.failure = (reply[1] if reply else "it exited before it was ready"
-                                if self.lost else f"no answer within {START_TIMEOUT:g} s")
+                self.failure = (f"failed to start: {reply[1]}" if reply
+                                else "exited before it was ready" if self.lost
+                                else f"gave no answer within {START_TIMEOUT:g} s")
                 self.close()
             self.ready = not self.lost
             return self.ready
@@ -171,8 +187,8 @@ class Spawner:
                 socket.send_fds(self.sock, [pickle.dumps(("fork", payload, os.getcwd()))],
                                 [read_fd, write_fd, log_fd])
                 reply = self._next(START_TIMEOUT)
-            except OSError:
-                reply = None
+            except OSError:  # its end of the socket is closed
+                reply, self.lost = None, True
             except BaseException:
                 # Ctrl-C mid-request: an answer left unread would answer the
                 # next request, so this helper serves no more (it exits, and
@@ -180,7 +196,12 @@ class Spawner:
                 self.close()
                 raise
             if reply is None or reply[0] != "forked":
+                gone = self.lost
                 self.close()
+                self.failure = (f"is gone ({_ended(self.process)})" if gone else
+                                f"gave no answer to a fork within {START_TIMEOUT:g} s, and "
+                                "was stopped" if reply is None else
+                                f"answered {reply[0]!r} to a fork, and was stopped")
                 return None
             self.children.add(reply[1])
             return Forked(self, reply[1])
@@ -238,11 +259,8 @@ class Spawner:
         deadline = time.monotonic() + timeout
         while True:
             message = self._read(max(0.0, deadline - time.monotonic()))
-            if message is None:
-                return None
-            if message[0] != "exit":
+            if message is None or message[0] != "exit":
                 return message
-            self.statuses[message[1]] = message[2]
 
     def _drain(self, timeout: float, until: int | None = None) -> None:
         """Records the exit reports that arrive within `timeout` seconds (the
@@ -252,10 +270,8 @@ class Spawner:
             message = self._read(timeout)
             if message is None:
                 return
-            if message[0] == "exit":
-                self.statuses[message[1]] = message[2]
-                if message[1] == until:
-                    return
+            if message[0] == "exit" and message[1] == until:
+                return
             timeout = 0.0
 
     def _read(self, timeout: float) -> tuple[Any, ...] | None:
@@ -269,7 +285,10 @@ class Spawner:
         if not data:
             self.lost = True
             return None
-        return pickle.loads(data)
+        message = pickle.loads(data)
+        if message[0] == "exit":  # recorded whoever reads it
+            self.statuses[message[1]] = message[2]
+        return message
 
 
 class Forked:
@@ -291,6 +310,17 @@ class Forked:
             if self.returncode is None:
                 raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
         return self.returncode
+
+
+def _ended(process: subprocess.Popen[bytes] | None) -> str:
+    """How the helper's process ended, e.g. "killed by SIGKILL"."""
+    code = None if process is None else process.poll()
+    if code is None:
+        return "no process" if process is None else "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
 
 
 def _exists(pid: int) -> bool:
