@@ -42,7 +42,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pgserver import ONE_PROCESS, fresh_database, postgres_url, restart_server, server_dir
 
 from shardsearch.search.evaluation.outcome import Outcome
-from shardsearch.search.evaluation.stages import COMPLETE
+from shardsearch.search.evaluation.stages import COMPLETE, FAILED
 from shardsearch.search.study.ownership import (
     GRACE_SECONDS,
     INTERRUPTED,
@@ -50,7 +50,7 @@ from shardsearch.search.study.ownership import (
     REASON_ATTR,
     fail_stale_trials,
 )
-from shardsearch.search.study.record import TrialRecord, outcome_attrs
+from shardsearch.search.study.record import TrialRecord, outcome_attrs, record_attrs, summarize
 
 pytestmark = [pytest.mark.slow, ONE_PROCESS]
 
@@ -459,3 +459,23 @@ def test_a_trial_recorded_halfway_is_not_read_as_recorded():
     record = TrialRecord.from_trial(study.get_trials()[0])
     assert record is not None and record.outcome.reason == INTERRUPTED
     assert record.outcome.fingerprint == "" and record.state_rule == {}
+
+
+def test_a_trial_failed_as_interrupted_after_its_record_reads_as_interrupted():
+    # Found by test_interrupts' kill -9 test in CI: killed after writing its
+    # outcome and rules but before the tell (its figures go in between), the
+    # trial was failed as "interrupted" by the next run, yet read as its
+    # outcome, so that run's summary counted no interrupted trial.
+    study = optuna.create_study()
+    trial = study.ask()
+    record = TrialRecord(0, "dp", {}, Outcome("f00d", COMPLETE, value=0.5), {"kind": "x"},
+                         {"kind": "y"}, 1.0)
+    for key, value in record_attrs(record).items():
+        trial.set_user_attr(key, value)
+    assert TrialRecord.from_trial(study.get_trials()[0]) == record  # recorded, not yet told
+    trial.set_user_attr(REASON_ATTR, INTERRUPTED)
+    study.tell(trial, state=TrialState.FAIL)
+    read = TrialRecord.from_trial(study.get_trials()[0])
+    assert read is not None and read.label == "dp"
+    assert read.outcome.status == FAILED and read.outcome.reason == INTERRUPTED
+    assert summarize([read])["interrupted"] == 1

@@ -72,16 +72,17 @@ class TrialRecord:
         trial still being recorded gives None.
         """
         attrs = trial.user_attrs
-        # The attributes go in one by one (`record_attrs`): a trial that another
-        # run is recording, or whose run died midway, has an outcome without its
-        # rules, and is not recorded yet (or, interrupted, never will be).
-        if not all(key in attrs for key in (_attrs.OUTCOME, _attrs.STATE_RULE,
-                                            _attrs.BATCH_RULE)):
-            if trial.state != optuna.trial.TrialState.FAIL or \
-                    attrs.get(REASON_ATTR) != INTERRUPTED:
-                return None
+        # The attributes go in one by one (`record_attrs`), then the trial is
+        # told: a run that died (or was stopped) anywhere before the tell left
+        # it failed as "interrupted", its outcome or rules written or not, and
+        # it reads as the study holds it. One that another run is recording
+        # has an outcome without its rules, and is not recorded yet.
+        if trial.state == optuna.trial.TrialState.FAIL and attrs.get(REASON_ATTR) == INTERRUPTED:
             return cls(trial.number, attrs.get(LABEL_ATTR, "search"), dict(trial.params),
                        Outcome("", FAILED, reason=INTERRUPTED), {}, {})
+        if not all(key in attrs for key in (_attrs.OUTCOME, _attrs.STATE_RULE,
+                                            _attrs.BATCH_RULE)):
+            return None
         outcome = dataclasses.replace(Outcome.from_json(attrs[_attrs.OUTCOME]),
                                       estimate=attrs.get(ESTIMATE_ATTR),
                                       breakdown=attrs.get(BREAKDOWN_ATTR))
