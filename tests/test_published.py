@@ -284,3 +284,66 @@ def test_the_published_plan_is_estimated_without_a_budget_and_compared():
     assert out["ratio"] == pytest.approx(out["estimate"] / out["published_seconds"])
     assert out["estimate"] == pytest.approx(out["breakdown"]["total"])
     assert out["fits_chip"] is True and out["memory_per_device"]["total"] > 0
+
+
+def test_the_published_winner_is_read_under_its_knobs():
+    """The winner's estimate is its own candidate's, specs and knob setting: the
+    same specs under the default knobs are another candidate (issue 24: a
+    `megatron~remat=full` winner was reported with `megatron`'s estimate)."""
+    from types import SimpleNamespace
+
+    from shardsearch.bench.published import compare
+    from shardsearch.search.evaluation.outcome import fingerprint
+
+    specs = ({"w": jax.sharding.PartitionSpec("tp")},)
+    setting = (("remat", "full"),)
+
+    def outcome(estimate):
+        return SimpleNamespace(estimate=estimate, breakdown={"total": estimate},
+                               memory={"total": 2**30})
+
+    known = {fingerprint(specs): outcome(1.25), fingerprint(specs, setting): outcome(1.13)}
+    entry = SimpleNamespace(published=Published(chips=8, tflops_per_chip=100,
+                                                plan="megatron_do", source="t"))
+    start = SimpleNamespace(label="plan:megatron_do", number=3, outcome=SimpleNamespace(
+        status="complete", cut_stage=None, reason="", estimate=1.25, memory={}))
+    result = SimpleNamespace(trials=[start], best_specs=specs, best_label="megatron~remat=full",
+                             best_knobs={"remat": "full", "microbatches": 1})
+    out = compare(entry, {"estimate": 1.25}, result, known, setting)
+    assert out["winner"]["estimate"] == 1.13 and out["winner"]["knobs"] == {"remat": "full"}
+    assert out["winner"]["speedup"] == pytest.approx(1.25 / 1.13)
+    # The published plan met in the search from its plan file counts as met.
+    assert out["in_search"]["trial"] == 3
+    assert compare(entry, {"estimate": 1.25}, result, known)["winner"]["estimate"] == 1.25
+
+
+def test_a_published_plan_that_is_no_expert_baseline_starts_the_search(tmp_path):
+    """`megatron_do` is built only by name; the bench search starts from it (a
+    plan file in the results folder) so the winner has met the plan it is
+    compared with, and the report counts it as an expert's."""
+    from shardsearch.bench import report
+
+    spec = {**SMALL, "compute_dtype": "bfloat16"}
+    entry = {"id": "do", "workload": "llama", "size": "custom", "spec": spec,
+             "mesh": "dp=4,tp=2", "trials": 8, "objective": "static", "budget": "published",
+             "hardware": "tpu-v5p",
+             "published": {"chips": 8, "tflops_per_chip": 100, "plan": "megatron_do",
+                           "source": "t"}}
+    path = tmp_path / "pub.json"
+    path.write_text(json.dumps({"schema": 1, "suite": "pub", "platform": "cpu", "devices": 8,
+                                "simulated": True, "entries": [entry]}))
+    argv = ["bench", "--suite", str(path), "--out", str(tmp_path / "out"), "--rules",
+            str(tmp_path / "rules"), "--quiet"]
+    assert _cli.main(argv) == 0
+    folder = tmp_path / "out" / "pub"
+    assert (folder / "published-plans" / "do" / "megatron_do.json").is_file()
+    record = json.loads((folder / "entries" / "do.json").read_text())
+    met = record["published"]["in_search"]
+    assert met is not None and met["status"] == "complete"
+    row = next(p for p in record["plans"] if p["label"] == "plan:megatron_do")
+    assert row["role"] == "expert" and row["fits"]
+    winner = next(p for p in record["plans"] if p["role"] == "winner")
+    assert record["published"]["winner"]["fingerprint"] == winner["fingerprint"]
+    assert record["published"]["winner"]["estimate"] == pytest.approx(winner["median_seconds"])
+    text = (folder / "results.md").read_text()
+    assert "compiled here for simulated CPU devices" in text and report  # not a target suite

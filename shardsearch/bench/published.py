@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # How a publisher counted the FLOPs of a step (forward and backward):
@@ -216,25 +216,32 @@ def estimate_published(workload: Any, mesh: Any, published: Published, hardware:
 
 
 def compare(entry: Any, estimated: Mapping[str, Any], result: Any,
-            known: Mapping[str, Any]) -> dict[str, Any]:
+            known: Mapping[str, Any], setting: Sequence[tuple[str, Any]] = ()
+            ) -> dict[str, Any]:
     """An entry's `published` record: `estimated` (`estimate_published`'s
     record), plus what the search made of the published plan (`in_search`:
     its baseline trial's status under the entry's budget) and its winner
-    (`winner`: label, estimate, breakdown, and `speedup` = the published
-    plan's estimate / the winner's, above 1 when the model rates the winner
-    faster).
+    (`winner`: label, the knobs it sets off their defaults, estimate,
+    breakdown, and `speedup` = the published plan's estimate / the winner's,
+    above 1 when the model rates the winner faster).
 
     Args:
       entry: the suite entry (its `published`).
       estimated: `estimate_published(...)` for the entry.
       result: the search's `OptimizeResult`.
       known: fingerprint → the search's `Outcome`s.
+      setting: the winner's knob setting (`Knobs.setting`: the knobs off
+        their defaults). The same specs under the step's default knobs are
+        another candidate, with another estimate.
     """
     from ..search.evaluation.outcome import fingerprint
+    from ..search.space.baselines import START_PREFIX
 
     published = entry.published
     out = dict(estimated)
-    trials = [r for r in result.trials if r.label == published.plan]
+    # An expert baseline, or the plan file the runner starts the search from.
+    labels = (published.plan, START_PREFIX + published.plan)
+    trials = [r for r in result.trials if r.label in labels]
     if trials:
         o = trials[0].outcome
         out["in_search"] = {"trial": trials[0].number, "status": str(o.status),
@@ -243,11 +250,12 @@ def compare(entry: Any, estimated: Mapping[str, Any], result: Any,
                             "memory_per_device": dict(sorted(o.memory.items()))}
     else:
         out["in_search"] = None
-    win_fp = fingerprint(result.best_specs)
+    win_fp = fingerprint(result.best_specs, setting)
     win = known.get(win_fp)
     estimate = win.estimate if win is not None else None
     out["winner"] = {
-        "label": result.best_label, "fingerprint": win_fp, "estimate": estimate,
+        "label": result.best_label, "knobs": dict(setting),
+        "fingerprint": win_fp, "estimate": estimate,
         "breakdown": win.breakdown if win is not None else None,
         "memory_per_device": dict(sorted(win.memory.items())) if win is not None else {},
         "speedup": (out["estimate"] / estimate if estimate and out.get("estimate")

@@ -58,6 +58,16 @@ def _verdict(ratio: float | None) -> str:
     return f"{'over' if ratio > 1 else 'under'} by {abs(ratio - 1):.0%}"
 
 
+def _winner(w: Mapping[str, Any]) -> str:
+    """"megatron~remat=full", "search (remat=full, microbatches=2)": the label,
+    with the knobs set off their defaults where the label does not say them."""
+    label = str(w.get("label", "-"))
+    knobs = w.get("knobs") or {}
+    if not knobs or "~" in label:  # a baseline's knob variant names its knobs
+        return label
+    return f"{label} ({', '.join(f'{k}={v}' for k, v in knobs.items())})"
+
+
 def markdown(records: Sequence[Mapping[str, Any]], commands: str) -> str:
     """The published section of `results.md` (ends with a blank line).
 
@@ -67,6 +77,11 @@ def markdown(records: Sequence[Mapping[str, Any]], commands: str) -> str:
         (`report._commands`), e.g. "Command: `shardsearch bench ...`".
     """
     rows = [r for r in records if r.get("published")]
+    # A target suite compiles for the chip itself (`runner.entry_mesh`).
+    targeted = all(r.get("target") for r in rows)
+    compiled = ("compiled by the entry's chip's own compiler, without the chip "
+                "(deviceless), on the published mesh" if targeted else
+                "compiled here for simulated CPU devices on the published mesh")
     lines = [
         "## Against published runs", "",
         f"Every number below comes from the command above ({commands.partition(': ')[2]}; "
@@ -74,9 +89,9 @@ def markdown(records: Sequence[Mapping[str, Any]], commands: str) -> str:
         "versions in `machine.json`). The published step time is the published throughput "
         "turned back into seconds: FLOPs per step (the publisher's count) / "
         "(chips x TFLOP/s per chip). The estimate is the static objective's: the "
-        "published plan compiled here for simulated CPU devices on the published "
-        "mesh and priced by the entry's chip model (spec-sheet figures, nothing "
-        "fitted); no memory budget applies to it, since it ran on the chip.", "",
+        f"published plan {compiled} and priced by the entry's chip model (spec-sheet "
+        "figures, nothing fitted); no memory budget applies to it, since it ran on the "
+        "chip.", "",
         "| entry | chip model | plan (mesh) | published TFLOP/s/chip (MFU) | FLOP count "
         "| FLOPs/step | published s | published s, causal count | estimate s | "
         "estimate / published | bound | breakdown s | largest collective |",
@@ -103,13 +118,18 @@ def markdown(records: Sequence[Mapping[str, Any]], commands: str) -> str:
               "step time. Plot: `published.png` (estimate against published, log axes, "
               "the ±25% band shaded).", "",
               "### What the search found under the chip's memory", "",
-              "The same configuration searched with the static objective. The budget per "
-              "device is the chip's HBM, or, where XLA's figures for the CPU program put "
-              "the published plan itself above it, that plan's footprint here (it ran on "
-              "the chip, so the CPU figures overstate the chip's; a plan needing no more "
-              "than it is taken to fit). *Speedup* is the published plan's estimate over "
-              "the winner's: above 1 the model rates the winner faster. Whether that "
-              "holds only hardware can say.", "",
+              "The same configuration searched with the static objective, starting from "
+              "the published plan (where it is not an expert baseline, from its plan file "
+              "`published-plans/<id>/<plan>.json`, labelled `plan:<plan>`). "
+              + ("The budget per device is the chip's HBM, and the chip's compiler says "
+                 "what fits. " if targeted else
+                 "The budget per device is the chip's HBM, or, where XLA's figures for the "
+                 "CPU program put the published plan itself above it, that plan's footprint "
+                 "here (it ran on the chip, so the CPU figures overstate the chip's; a plan "
+                 "needing no more than it is taken to fit). ")
+              + "*Winner* names the step knobs it sets off their defaults. *Speedup* is "
+              "the published plan's estimate over the winner's: above 1 the model rates "
+              "the winner faster. Whether that holds only hardware can say.", "",
               "| entry | budget/device | published plan in the search | winner | winner "
               "estimate s | speedup (est.) | winner breakdown s | winner's largest "
               "collective | winner memory/device |",
@@ -134,7 +154,7 @@ def markdown(records: Sequence[Mapping[str, Any]], commands: str) -> str:
             f"{format_bytes(chip)})" if chip and need and need > chip else " (the chip's)"
             if chip and budget.get("bytes") == chip else "")
         lines.append("| " + " | ".join([
-            r["entry"]["id"], shown, status, str(w.get("label", "-")), _s(w.get("estimate")),
+            r["entry"]["id"], shown, status, _winner(w), _s(w.get("estimate")),
             f"{speedup:.2f}x" if speedup else "-", _parts(w.get("breakdown")),
             _largest(w.get("breakdown")), format_bytes(wtotal) if wtotal else "-",
         ]) + " |")

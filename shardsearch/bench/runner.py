@@ -45,7 +45,7 @@ from ..base.units import parse_bytes
 from ..cost.chips import HARDWARE, hardware_for
 from ..cost.program import XlaMemory
 from ..plan.reader import load_plan
-from ..plan.writer import strict_json, write_config
+from ..plan.writer import plan_config, strict_json, write_config
 from ..search.evaluation import confirm as _confirm
 from ..search.evaluation import evaluate as _evaluate
 from ..search.evaluation.objectives import get_objective
@@ -53,11 +53,11 @@ from ..search.evaluation.stages import COMPLETE, CUT, FAILED, Stage
 from ..search.export import export_config
 from ..search.loop import optimize
 from ..search.setup import make_context
-from ..search.space.baselines import baseline_candidates
+from ..search.space.baselines import START_PREFIX, baseline_candidates
 from ..search.space.differences import plan_differences
 from ..search.study.record import TrialRecord, prediction_summary
 from ..search.study.storage import open_study
-from ..workloads import expert_plans, get_workload
+from ..workloads import expert_plan, expert_plans, get_workload
 from . import published as _published
 from . import report as _report
 from .suite import PUBLISHED, QUARTER, Entry, Suite
@@ -191,6 +191,25 @@ def resolve_budget(entry: Entry, workload: Any, mesh: Any, *,
     return out
 
 
+def _published_plan_file(entry: Entry, workload: Any, mesh: Any, folder: Path
+                         ) -> Path | None:
+    """The entry's published plan as a plan file for the search to start from,
+    where it is not one of the expert baselines every search runs (Megatron-LM's
+    `megatron_do`): `<folder>/published-plans/<id>/<plan>.json`, labelled
+    `plan:<plan>` in the search. None when there is no published run, or its
+    plan is an expert baseline already.
+
+    Without it the search would never evaluate the plan it is compared with,
+    and a winner could be reported against the published plan's estimate
+    without having met it under the same budget and knobs.
+    """
+    if entry.published is None or entry.published.plan in expert_plans(workload, mesh).plans:
+        return None
+    plan = expert_plan(workload, mesh, entry.published.plan)
+    path = folder / "published-plans" / entry.id / f"{entry.published.plan}.json"
+    return write_config(plan_config(plan.state_rule, plan.batch_rule, mesh), path)
+
+
 def entry_mesh(suite: Suite, entry: Entry) -> jax.sharding.Mesh:
     """The mesh an entry runs on: its chip's compile-only devices for a target
     suite (`target_mesh`, with the entry's `dcn_axes`), else this host's first
@@ -246,6 +265,12 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         else:
             log(f"  no start plan {start_plan}: the search starts from the baselines only")
             start_plan = None
+    starts = [start_plan] if start_plan is not None else []
+    published_start = _published_plan_file(entry, workload, mesh, folder)
+    if published_start is not None:
+        log(f"  the published plan {entry.published.plan!r} is not an expert baseline: the "
+            f"search starts from it too ({published_start})")
+        starts.append(published_start)
     start = time.perf_counter()
     result = optimize(
         workload, mesh=mesh, n_trials=max((n_trials or 10**6) - before, 0),
@@ -253,8 +278,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         storage=storage, study_name=study_name, seed=entry.seed, warmup=suite.warmup,
         repeats=repeats, confirm_rounds=rounds or suite.rounds,
         hardware=hardware, quiet=quiet, space=entry.space, dcn_axes=entry.dcn_axes,
-        knobs=entry.knobs, memory_prediction=memory_prediction,
-        start_from=[start_plan] if start_plan is not None else [])
+        knobs=entry.knobs, memory_prediction=memory_prediction, start_from=starts)
     wall = time.perf_counter() - start
     log(f"  search: {len(result.trials)} trials ({before} from an earlier run), "
         f"{wall:.0f} s; comparing the plans")
@@ -279,12 +303,18 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
                           else result.best_label)
     plans[0]["family"] = "logical" if result.best_rule.kind == "logical" else "rules"
     hand_written = tuple(expert_plans(workload, mesh).plans)
-    for label, candidate in setup.baselines.items():
+    published_label = (None if published_start is None
+                       else START_PREFIX + published_start.stem)
+    compared = dict(setup.baselines)
+    if published_label is not None:  # compared as the expert plan it is
+        compared[published_label] = setup.starts[published_label]
+    for label, candidate in compared.items():
         specs, fp = _evaluate.resolve(candidate, ctx)
         # Plans the tool derives itself (from the step's logical axes) are
         # timed beside the experts' but are not counted as expert plans.
         role = (label if label in ("replicated", "default")
-                else "expert" if label in hand_written else "derived")
+                else "expert" if label in hand_written or label == published_label
+                else "derived")
         plans.append(plan_row(label, role, specs, ctx, known, invalid=fp))
     one_ctx = None
     objective = get_objective(entry.objective)
@@ -309,7 +339,7 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         plan.pop("specs"), plan.pop("context", None)
     extra = {}
     if published is not None:
-        extra["published"] = _published.compare(entry, published, result, known)
+        extra["published"] = _published.compare(entry, published, result, known, setting)
     return extra | {
         "schema": 1,
         "suite": suite.name,
