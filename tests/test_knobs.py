@@ -27,7 +27,7 @@ from shardsearch.search import (
     resolve,
 )
 from shardsearch.search.execution.transport import jaxpr_digest
-from shardsearch.search.space.candidate import knob_variants
+from shardsearch.search.space.candidate import knob_combinations, knob_variants
 from shardsearch.workloads import get_workload
 from shardsearch.workloads._activations import ActivationSharding
 from shardsearch.workloads._llama import LlamaConfig
@@ -287,6 +287,41 @@ def test_the_best_baselines_variants_accumulate_and_reduce_once(mesh8):
     # A batch on fewer devices than any offered group: no such variant.
     assert not any("grad_groups" in label
                    for label in knob_variants(dp, ctx.knobs, (), 2))
+
+
+def test_the_second_round_combines_what_helped_and_rescues_what_did_not_fit(mesh8):
+    """After the variants: the faster ones together, and each one over the
+    memory limit with the variants that saved the most memory (issue 24:
+    remat=selective did not fit the 32B v5p row, microbatches=8 saved two
+    thirds of its memory, and nothing tried both)."""
+    def make(remat="full", microbatches=1, sp=False):
+        if remat == "none" and microbatches == 8:
+            raise ValueError("too few rows per microbatch")
+        return make_step()
+
+    knobs = ss.Knobs(make, {"remat": ("full", "selective", "none"),
+                            "microbatches": (1, 2, 4, 8), "sp": (False, True)})
+    w = get_workload("mlp:tiny")
+    base = baseline_candidates(w, mesh8)["dp"]
+    gib = 2**30
+    completed = {(("microbatches", 2),): (6.56, 36 * gib), (("microbatches", 4),): (6.56, 24 * gib),
+                 (("microbatches", 8),): (6.55, 18 * gib), (("sp", True),): (6.50, 31 * gib),
+                 (("remat", "selective"), ("sp", True)): (7.0, 60 * gib)}
+    over = [(("remat", "selective"),), (("remat", "none"),)]
+    got = knob_combinations(base, knobs, (6.57, 55 * gib), completed, over)
+    assert list(got) == [
+        "dp~microbatches=8,sp=True",  # the fastest two that set different knobs
+        "dp~remat=selective,microbatches=8", "dp~remat=selective,microbatches=4",
+        # remat=none with 8 microbatches is refused by the factory: the next savers
+        "dp~remat=none,microbatches=4", "dp~remat=none,sp=True"]
+    assert got["dp~remat=selective,microbatches=8"].knobs == (("remat", "selective"),
+                                                              ("microbatches", 8))
+    assert all(c.state_rule == base.state_rule for c in got.values())
+    # Nothing faster but one, nothing over: nothing to combine.
+    assert knob_combinations(base, knobs, (6.0, None), completed, []) == {}
+    # A setting that was tried already is not tried again.
+    assert "dp~remat=selective,sp=True" not in knob_combinations(
+        base, knobs, (6.57, 55 * gib), completed, [(("remat", "selective"),)], per_cut=5)
 
 
 def test_a_knob_setting_the_factory_refuses_is_cut_before_compiling(mesh8, tmp_path):

@@ -22,6 +22,7 @@ import optuna
 
 from ..base import activations as _activations
 from ..base import mesh as _mesh
+from ..base.knobs import Knobs
 from ..base.warnings import ShardsearchWarning, warn_notes
 from .evaluation import evaluate as _evaluate
 from .evaluation.outcome import Outcome
@@ -33,7 +34,7 @@ from .result import OptimizeResult
 from .setup import SearchSettings, StudySetup, make_context, prepare, start_executor
 from .shapes import search_shapes
 from .space.baselines import start_candidates, tensor_axes
-from .space.candidate import Candidate, knob_variants
+from .space.candidate import UNBUILDABLE, Candidate, knob_combinations, knob_variants
 from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
 from .study.identity import IdentityMismatch, bind_study, identity_of, trial_values
@@ -249,8 +250,10 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     When the search chooses the step's knobs, the best baseline's knob
     variants (`knob_variants`: each knob changed alone) run between the two:
     the plans people trust, tuned one knob at a time as they would tune
-    them, which the sampler's first random trials would rarely reach. They
-    count toward `n_trials`.
+    them, which the sampler's first random trials would rarely reach. Then
+    their combinations (`knob_combinations`): the changes that helped alone,
+    together, and the ones over the memory limit with a change that saves
+    memory. They count toward `n_trials`.
     """
     settings, knobs = setup.settings, setup.context.knobs
     order = setup.run_order()
@@ -277,8 +280,31 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     now = min(len(variants), left)
     if now:
         runner.run(variants, now, time_left(), roster)
+        left -= now
+        combined = _combinations(runner.records, order[best.label], best, variants, knobs)
+        now = min(len(combined), left)
+        if now:
+            runner.run(combined, now, time_left(), roster)
     if left - now:
         runner.run({}, left - now, time_left(), roster)
+
+
+def _combinations(records: Sequence[TrialRecord], candidate: Candidate, best: TrialRecord,
+                  variants: Mapping[str, Candidate], knobs: Knobs) -> dict[str, Candidate]:
+    """`knob_combinations` of the best baseline, from how its variants ended.
+
+    A variant has the baseline's specs, which passed, so a variant cut before
+    or at compile that its factory did build was cut for memory (its
+    arguments, its prediction or XLA's total over the limit)."""
+    ended = {r.label: r.outcome for r in records if r.label in variants}
+    completed = {variants[label].knobs: (o.value, o.memory.get("total"))
+                 for label, o in ended.items() if o.status == COMPLETE}
+    over = [variants[label].knobs for label, o in ended.items()
+            if o.status == CUT and o.cut_stage in (Stage.CHECK, Stage.COMPILE)
+            and not o.reason.startswith(UNBUILDABLE)]
+    return knob_combinations(candidate, knobs, (best.outcome.value,
+                                                best.outcome.memory.get("total")),
+                             completed, over)
 
 
 def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:
@@ -476,7 +502,7 @@ class _Runner:
         try:
             self.ctx.with_setting(candidate.knobs)
         except (ValueError, TypeError) as err:
-            return f"the step cannot be built with {candidate.knobs_text}: {err}"
+            return f"{UNBUILDABLE} {candidate.knobs_text}: {err}"
         return None
 
     def record(self, trial: optuna.Trial, candidate: Candidate, outcome: Outcome,
