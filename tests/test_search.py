@@ -256,6 +256,27 @@ def test_long_studies_release_jax_caches(mesh24, tmp_path, monkeypatch):
     assert result.outputs_match is True
 
 
+def test_an_estimate_must_beat_the_best_baseline_by_the_margin_to_replace_it():
+    """With nothing re-timed, a searched plan or a knob variant lower by less
+    than 1% is no win: the published v5e row took microbatches=2 for 0.002%."""
+    from types import SimpleNamespace
+
+    from shardsearch.search.finish import ESTIMATE_MARGIN, estimated_winner
+
+    def record(label, value):
+        return SimpleNamespace(label=label, outcome=SimpleNamespace(value=value))
+
+    base = record("fsdp_tp", 7.952524)
+    variant = record("fsdp_tp~microbatches=2", 7.952338)
+    assert estimated_winner(variant, base) is base
+    clear = record("search", 7.952524 * (1 - ESTIMATE_MARGIN) * 0.999)
+    assert estimated_winner(clear, base) is clear
+    assert estimated_winner(record("search", 7.9 * (1 - ESTIMATE_MARGIN / 2)),
+                            record("dp", 7.9)).label == "dp"
+    assert estimated_winner(variant, None) is variant  # no baseline fits: the best there is
+    assert estimated_winner(base, base) is base
+
+
 def test_pick_winner_keeps_the_baseline_unless_the_search_is_significantly_faster():
     from shardsearch.search.finish import pick_winner
 
