@@ -324,6 +324,32 @@ def test_the_second_round_combines_what_helped_and_rescues_what_did_not_fit(mesh
         base, knobs, (6.57, 55 * gib), completed, [(("remat", "selective"),)], per_cut=5)
 
 
+def test_when_no_baseline_fits_the_one_closest_to_fitting_is_tuned():
+    """The 22B v4 row: every expert plan compiled over v4's 32 GiB, so no
+    baseline completed and no knob variant ran; the one with the least XLA
+    total is the one a person would tune."""
+    from types import SimpleNamespace
+
+    from shardsearch.search.evaluation.stages import COMPLETE, CUT, Stage
+    from shardsearch.search.loop import variant_base
+
+    def record(label, status, stage=None, total=None, value=None):
+        memory = {} if total is None else {"total": total}
+        return SimpleNamespace(label=label, outcome=SimpleNamespace(
+            status=status, cut_stage=stage, memory=memory, value=value))
+
+    order = dict.fromkeys(("replicated", "default", "fsdp", "fsdp_tp"))
+    over = [record("replicated", CUT, Stage.CHECK),
+            record("default", CUT, Stage.COMPILE, 40_853_869_568),
+            record("fsdp", CUT, Stage.COMPILE, 40_853_607_936),
+            record("fsdp_tp", CUT, Stage.COMPILE),  # refused with no figure
+            record("search", CUT, Stage.COMPILE, 1)]  # not a baseline
+    assert variant_base(over, order).label == "fsdp"
+    done = [*over, record("fsdp_tp", COMPLETE, value=2.0), record("default", COMPLETE, value=1.0)]
+    assert variant_base(done, order).label == "default"  # the fastest that completed
+    assert variant_base(over[:1], order) is None
+
+
 def test_a_knob_setting_the_factory_refuses_is_cut_before_compiling(mesh8, tmp_path):
     """The sampler draws knobs independently, so a factory may be asked for a
     combination it refuses (grad_groups that does not divide a microbatch):

@@ -268,9 +268,7 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
 
     first = min(len(order), settings.n_trials)
     runner.run(order, first, settings.timeout, roster)
-    done = {r.label: r for r in runner.records if r.outcome.status == COMPLETE}
-    best = min((done[label] for label in order if label in done),
-               key=lambda r: r.outcome.value, default=None)
+    best = variant_base(runner.records, order)
     mesh = setup.context.mesh
     variants = (knob_variants(order[best.label], knobs, tensor_axes(mesh),
                               order[best.label].batch_devices(setup.context.abstract_args,
@@ -287,6 +285,22 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
             runner.run(combined, now, time_left(), roster)
     if left - now:
         runner.run({}, left - now, time_left(), roster)
+
+
+def variant_base(records: Sequence[TrialRecord], order: Mapping[str, Candidate]
+                 ) -> TrialRecord | None:
+    """The baseline whose knob variants run: the fastest that completed, or,
+    when none did (none fits), the one closest to fitting: the least XLA
+    total among those compiled and cut over the memory limit, which a person
+    would tune with microbatches or remat before giving up on it (the 22B v4
+    row: every expert plan over 32 GiB by 6 GiB). None when neither exists."""
+    ran = [r for r in records if r.label in order]
+    done = [r for r in ran if r.outcome.status == COMPLETE]
+    if done:
+        return min(done, key=lambda r: r.outcome.value)
+    over = [r for r in ran if r.outcome.status == CUT and r.outcome.cut_stage == Stage.COMPILE
+            and r.outcome.memory.get("total")]
+    return min(over, key=lambda r: r.outcome.memory["total"], default=None)
 
 
 def _combinations(records: Sequence[TrialRecord], candidate: Candidate, best: TrialRecord,

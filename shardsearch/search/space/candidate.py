@@ -166,7 +166,8 @@ def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int
     Args:
       candidate: the best baseline (default knobs).
       knobs: the step's knobs.
-      base: `candidate`'s value and XLA total per device (None: not known).
+      base: `candidate`'s value (None: it did not complete) and XLA total
+        per device (None: not known).
       completed: each completed variant's setting → its value and total.
       over_memory: the settings of the variants cut over the memory limit.
       per_cut: memory-saving partners tried for each of those.
@@ -203,7 +204,7 @@ def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int
     value, memory = base
     faster, names = [], set()
     for setting, (seconds, _) in sorted(completed.items(), key=lambda kv: kv[1][0]):
-        if seconds < value and not names & {n for n, _ in setting}:
+        if value is not None and seconds < value and not names & {n for n, _ in setting}:
             faster.append(setting)
             names |= {n for n, _ in setting}
     if len(faster) >= 2:
