@@ -250,6 +250,21 @@ def test_a_claimed_fingerprint_is_reused_and_a_dead_claim_taken_over(study):
     assert study.get_trials()[orphan.number].state == TrialState.FAIL  # ended, not RUNNING
 
 
+def test_a_claim_left_by_a_deleted_study_of_the_same_name_never_stalls_a_trial(study):
+    """A study deleted and made again under its name starts its trial numbers
+    over; a row its first trial left names the new study's first trial,
+    which must not wait for itself (a bench entry rerun stalled for the whole
+    wait on its first baseline)."""
+    url, name = study._storage, study.study_name
+    CompileClaims(study, wait=60.0).acquire("cafe", study.ask().number)
+    optuna.delete_study(study_name=name, storage=url)
+    again = optuna.create_study(storage=url, study_name=name)
+    trial = again.ask()
+    start = time.monotonic()
+    assert CompileClaims(again, wait=60.0).acquire("cafe", trial.number) is None
+    assert time.monotonic() - start < 10
+
+
 def test_the_last_worker_to_finish_confirms_once(study):
     early, late = Roster(study), Roster(study)
     early.join()

@@ -127,6 +127,12 @@ class CompileClaims(_Rows):
             holder = self._holder(key)
             if holder is None:
                 continue  # released between our insert and our read: try again
+            if holder == trial_number:
+                # A row naming this very trial: left by a study deleted and made
+                # again under the same name (its trial numbers start over). It
+                # would otherwise wait `wait` seconds for itself.
+                self._take_over(key, holder, trial_number)
+                return None
             trial = self._trial(holder)
             outcome = _recorded(trial, key)
             if outcome is not None:
