@@ -84,9 +84,10 @@ def markdown(records: Sequence[Mapping[str, Any]], commands: str) -> str:
     compiled = ("compiled by the entry's chip's own compiler, without the chip "
                 "(deviceless), on the published mesh" if targeted else
                 "compiled here for simulated CPU devices on the published mesh")
+    ran = commands.partition(": ")[2].rstrip(".")  # "Commands: `a` (x); `b` (y)."
     lines = [
         "## Against published runs", "",
-        f"Every number below comes from the command above ({commands.partition(': ')[2]}; "
+        f"Every number below comes from the command above ({ran}; "
         "each entry's file `entries/<id>.json`, field `published`; the machine and "
         "versions in `machine.json`). The published step time is the published throughput "
         "turned back into seconds: FLOPs per step (the publisher's count) / "
