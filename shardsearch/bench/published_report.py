@@ -158,11 +158,12 @@ def markdown(records: Sequence[Mapping[str, Any]], commands: str) -> str:
             if chip and budget.get("bytes") == chip else "")
         lines.append("| " + " | ".join([
             r["entry"]["id"], shown, status, _winner(w), _s(w.get("estimate")),
-            f"{speedup:.2f}x" if speedup else "-", _parts(w.get("breakdown")),
+            f"{speedup:.3f}x" if speedup else "-", _parts(w.get("breakdown")),
             _largest(w.get("breakdown")), format_bytes(wtotal) if wtotal else "-",
         ]) + " |")
     faster = sum(1 for r in rows
                  if ((r["published"].get("winner") or {}).get("speedup") or 0) >= FASTER)
+    # Three decimals in the table, so that a 1.096x is not read as 1.10x.
     lines += ["", f"{faster} of {len(rows)} rows: a winner that fits, rated at least "
               f"{FASTER:.2f}x faster than the published plan by the model."]
     return "\n".join(lines) + "\n\n"
