@@ -44,6 +44,7 @@ from pgserver import ONE_PROCESS, fresh_database, postgres_url, restart_server, 
 from shardsearch.search.evaluation.outcome import Outcome
 from shardsearch.search.evaluation.stages import COMPLETE, FAILED
 from shardsearch.search.finish import ESTIMATE_MARGIN
+from shardsearch.search.space.candidate import is_variant
 from shardsearch.search.study.ownership import (
     GRACE_SECONDS,
     INTERRUPTED,
@@ -344,7 +345,7 @@ def _check_whole(drill: _Drill, trials: list[FrozenTrial]) -> dict[str, int]:
     if not isinstance(result, dict) or not values:
         problems.append(f"no winner: result {result!r}, {len(values)} complete outcomes")
     elif result["best"]["time"] != min(values) and not (
-            result["best"]["label"] != "search" and "~" not in result["best"]["label"]
+            result["best"]["label"] != "search" and not is_variant(result["best"]["label"])
             and min(values) >= result["best"]["time"] * (1 - ESTIMATE_MARGIN)):
         problems.append(f"the winner ({result['best']['label']}, {result['best']['time']}) "
                         f"is not the best value recorded ({min(values)})")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.units import format_bytes
+from ..search.space.candidate import is_variant
 
 # The targets of issue 16: every row within this factor of the published time.
 TOLERANCE = 0.25
@@ -65,7 +66,7 @@ def _winner(w: Mapping[str, Any]) -> str:
     with the knobs set off their defaults where the label does not say them."""
     label = str(w.get("label", "-"))
     knobs = w.get("knobs") or {}
-    if not knobs or "~" in label:  # a baseline's knob variant names its knobs
+    if not knobs or is_variant(label):  # a baseline's knob variant names its knobs
         return label
     return f"{label} ({', '.join(f'{k}={v}' for k, v in knobs.items())})"
 
