@@ -81,6 +81,18 @@ def test_a_matmuls_output_takes_the_batch_split_of_one_operand_and_the_column_sp
     assert rows.live == 1024 + 4
 
 
+def test_a_split_that_does_not_divide_a_dim_pads_its_last_shards_as_xla_does():
+    def step(x):
+        # Two microbatches of 12 rows, as `accumulate_gradients` slices a batch.
+        return x, jnp.tanh(x.reshape(12, 2, 256).swapaxes(0, 1))
+
+    program = trace_program(step, (_sds(24, 256),))
+    live = {n: predict(program, (P("x"),), {"x": n}).live for n in (4, 8)}
+    # 12 rows over 4 devices are 3 on each; over 8, 2 on each (1.5 rounded up,
+    # the last shards padded), not all 12 for want of an even split.
+    assert live[8] * 3 == live[4] * 2
+
+
 def test_a_sharding_constraint_inside_the_step_splits_what_it_constrains(mesh24):
     def step(x):
         h = jnp.tanh(x) * 3.0

@@ -13,8 +13,9 @@ activation rules add sharding constraints) and keeps its `DimGraph`
    XLA's propagation holds to them, then the arguments' where a constraint's
    axis is taken by another dim of the value: an activation's batch dim
    follows the batch's, the MLP hidden dim the weight's column split. A
-   value's bytes per device are its bytes over the sizes of the distinct
-   mesh axes on its dims that divide them.
+   value's bytes per device are those of its shard: each dim split by the
+   distinct mesh axes on it, rounded up where they do not divide it (XLA
+   pads the last shards: a microbatch of 384 rows on 256 devices holds 2).
 2. **What is live at once.** Broadcasts and iotas are not stored (XLA computes
    them inside the fusion that reads them). The equations run in order; a value lives from the
    equation that makes it to the last one that reads it, a body's values
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -118,10 +120,10 @@ def predict_footprint(program: Program, specs: Sequence[Any],
                 spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
                 _seed(given, vid, dim_axes(spec, g.rank(vid)))
     axes = _spread(g, [program.pinned, given])
-    divisor = _divisors(g, axes, axis_sizes)
+    shard = _shard_bytes(g, axes, axis_sizes)
 
     def size(vid: int) -> int:
-        return 0 if vid in program.fused else g.nbytes(vid) // divisor.get(vid, 1)
+        return 0 if vid in program.fused else shard.get(vid, g.nbytes(vid))
 
     arguments = sum(size(v) for ids in program.leaves for v in ids if v is not None)
     state = [v for v in program.leaves[0] if v is not None] if program.leaves else []
@@ -195,11 +197,17 @@ def _spread(g: DimGraph, tiers: Sequence[dict[Node, tuple[str, ...]]],
     return options
 
 
-def _divisors(g: DimGraph, options: Mapping[Node, list[tuple[str, ...]]],
-              axis_sizes: Mapping[str, int]) -> dict[int, int]:
-    """Per value id, the number of shards it is split into: dim by dim (first
-    dims first), the first of the dim's candidate axes that still split it
-    (mesh axes another dim of the value took, or that do not divide, dropped)."""
+def _shard_bytes(g: DimGraph, options: Mapping[Node, list[tuple[str, ...]]],
+                 axis_sizes: Mapping[str, int]) -> dict[int, int]:
+    """Per split value id, its bytes on one device: dim by dim (first dims
+    first), the first of the dim's candidate axes that still split it (mesh
+    axes another dim of the value took, or larger than what is left of the
+    dim, dropped). An axis that does not divide the dim still splits it, as
+    XLA's partitioner does, into shards of the rounded-up size, the last ones
+    padded: 384 rows over 256 devices hold 2 rows on each.
+
+    Example: a [384, 512] float32 value, dim 0 on an axis of 256 devices:
+    2 x 512 x 4 = 4096 bytes per device, not the whole 786432."""
     by_value: dict[int, list[tuple[int, list[tuple[str, ...]]]]] = {}
     for (vid, d), choices in options.items():
         if any(choices):
@@ -207,22 +215,22 @@ def _divisors(g: DimGraph, options: Mapping[Node, list[tuple[str, ...]]],
     out: dict[int, int] = {}
     for vid, dims in by_value.items():
         used: set[str] = set()
-        total = 1
+        shape = list(g.shapes[vid])
         for d, choices in sorted(dims):
             for names in choices:
-                extent, taken = g.size(vid, d), []
+                extent, taken = shape[d], []
                 for name in names:
                     n = axis_sizes.get(name, 1)
-                    if name in used or n <= 1 or extent % n:
+                    if name in used or n <= 1 or extent < n:
                         continue
                     taken.append(name)
-                    extent //= n
-                    total *= n
+                    extent = -(-extent // n)
                 if taken:
                     used.update(taken)
+                    shape[d] = extent
                     break
-        if total > 1:
-            out[vid] = total
+        if used:
+            out[vid] = math.prod(shape) * g.itemsizes[vid]
     return out
 
 
