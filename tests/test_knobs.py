@@ -3,6 +3,7 @@ with the sharding, checked against the step as given, and exported."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -15,6 +16,7 @@ from jaxprs import constraints
 
 import shardsearch as ss
 from shardsearch.base.activations import under_rules
+from shardsearch.base.knobs import setting_text
 from shardsearch.cli import main as _cli
 from shardsearch.cost.hlo import parse_collectives
 from shardsearch.search import (
@@ -27,7 +29,7 @@ from shardsearch.search import (
     resolve,
 )
 from shardsearch.search.execution.transport import jaxpr_digest
-from shardsearch.search.space.candidate import knob_combinations, knob_variants
+from shardsearch.search.space.candidate import activation_moves, knob_combinations, knob_variants
 from shardsearch.workloads import get_workload
 from shardsearch.workloads._activations import ActivationSharding
 from shardsearch.workloads._llama import LlamaConfig
@@ -324,6 +326,42 @@ def test_the_second_round_combines_what_helped_and_rescues_what_did_not_fit(mesh
         base, knobs, (6.57, 55 * gib), completed, [(("remat", "selective"),)], per_cut=5)
 
 
+def test_the_third_round_moves_one_activation_point_at_a_time_from_the_best_plan(mesh8):
+    """Random placements of every point at once mostly did not fit or compile
+    (30-43% of the published-chip H100 rows' search time); from the best plan
+    so far, one point moves at a time: one axis first, then whole, then
+    several axes; the moves that helped then run together."""
+    def make(remat="full", act_embed="auto", act_mlp="auto"):
+        if act_mlp == "tp,dp":
+            raise ValueError("refused")
+        return make_step()
+
+    knobs = ss.Knobs(make, {"remat": ("full", "none"),
+                            "act_embed": ("auto", "-", "dp", "tp"),
+                            "act_mlp": ("auto", "-", "dp", "dp,tp", "tp,dp")})
+    base = baseline_candidates(get_workload("mlp:tiny"), mesh8)["dp"]
+    plan = dataclasses.replace(base, label="dp~remat=none", knobs=(("remat", "none"),))
+    moves = activation_moves(plan, knobs, tried=[(("remat", "none"), ("act_mlp", "dp"))])
+    assert list(moves) == [
+        "dp~remat=none,act_embed=dp", "dp~remat=none,act_embed=tp",  # one axis
+        "dp~remat=none,act_embed=-", "dp~remat=none,act_mlp=-",      # whole
+        "dp~remat=none,act_mlp=dp,tp"]  # act_mlp=dp was tried, tp,dp is refused
+    assert all(m.same_sharding(base) for m in moves.values())
+    # A plan with a point placed moves it back to XLA's choice too, unless
+    # that is the baseline itself, which the first round ran.
+    placed = dataclasses.replace(base, label="dp~act_embed=tp", knobs=(("act_embed", "tp"),))
+    assert list(activation_moves(placed, knobs))[:2] == ["dp~act_embed=dp",
+                                                         "dp~act_embed=tp,act_mlp=dp"]
+    both = dataclasses.replace(placed, knobs=(("remat", "none"), ("act_embed", "tp")))
+    assert "dp~remat=none" in activation_moves(both, knobs)
+    # The moves that helped, together, from the plan's own knobs.
+    gib = 2**30
+    completed = {(("act_embed", "tp"),): (0.91, 18 * gib),
+                 (("act_mlp", "dp,tp"),): (0.93, 20 * gib), (("act_mlp", "-"),): (0.99, 20 * gib)}
+    assert list(knob_combinations(plan, knobs, (0.95, 28 * gib), completed, ())) == [
+        "dp~remat=none,act_embed=tp,act_mlp=dp,tp"]
+
+
 def test_when_no_baseline_fits_the_one_closest_to_fitting_is_tuned():
     """The 22B v4 row: every expert plan compiled over v4's 32 GiB, so no
     baseline completed and no knob variant ran; the one with the least XLA
@@ -526,3 +564,26 @@ def test_the_best_baselines_knob_variants_run_after_the_baselines(mesh8, tmp_pat
     rows = {row["label"] for row in config["results"]["baselines"]}
     assert {t.label for t in variants} <= rows
     assert "~" not in (config["results"]["best_expert"] or "")
+
+
+def test_after_the_knob_rounds_the_best_plan_moves_its_activation_points(mesh24, tmp_path):
+    workload = get_workload("gpt:tiny")
+    result = ss.optimize(workload, mesh=mesh24, n_trials=18, objective="static",
+                         knobs=("microbatches", "act_mlp"),
+                         storage=f"sqlite:///{tmp_path / 's.db'}", study_name="moves",
+                         quiet=True, isolate=False, space="rules")
+    labels = [t.label for t in result.trials]
+    last = max(i for i, label in enumerate(labels) if label.endswith(("microbatches=8",)))
+    done = [t for t in result.trials[:last + 1] if t.outcome.status.value == "complete"]
+    best = min(done, key=lambda t: t.outcome.value)
+    # The best plan of the first rounds, then each act_mlp value it does not
+    # have, one axis first; one act_mlp point: nothing to move together.
+    values = [v for v in result.setup.context.knobs.searched()["act_mlp"]
+              if v != dict(best.knobs).get("act_mlp", "auto")]
+    values.sort(key=lambda v: 1 if v == "-" else 2 if "," in v else 0)
+    root = best.label.split("~")[0]
+    expected = [f"{root}~{setting_text((*best.knobs, ('act_mlp', v)))}" for v in values]
+    assert labels[last + 1:last + 1 + len(values)] == expected
+    moved = result.trials[last + 1:last + 1 + len(values)]
+    assert all((t.state_rule, t.batch_rule) == (best.state_rule, best.batch_rule) for t in moved)
+    assert labels[last + 1 + len(values):] == ["search"] * (18 - last - 1 - len(values))

@@ -47,6 +47,7 @@ Entry = str | tuple[str, ...] | None
 # `"dp"` / `"dp,tp"`.
 PREFIX = "act_"
 AUTO = "auto"
+WHOLE = "-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +252,7 @@ def name_from_json(name: str | None) -> Any:
 
 def parse_value(value: str) -> Entry:
     """A knob value as a rule: `"dp,tp"` → `("dp", "tp")`, `"tp"` → `"tp"`, `"-"` → None."""
-    if value == "-":
+    if value == WHOLE:
         return None
     axes = tuple(value.split(","))
     return axes[0] if len(axes) == 1 else axes
@@ -268,10 +269,10 @@ def activation_choices(found: Mapping[str, Sequence[int]], groups: Sequence[str]
     for name, dims in found.items():
         if not name.isidentifier():
             continue
-        fits = [g for g in groups if g != "-" and all(
+        fits = [g for g in groups if g != WHOLE and all(
             d % math.prod(sizes[a] for a in g.split(",")) == 0 for d in dims)]
         if fits:
-            out[PREFIX + name] = (AUTO, "-", *fits)
+            out[PREFIX + name] = (AUTO, WHOLE, *fits)
     return out
 
 

@@ -34,7 +34,13 @@ from .result import OptimizeResult
 from .setup import SearchSettings, StudySetup, make_context, prepare, start_executor
 from .shapes import search_shapes
 from .space.baselines import start_candidates, tensor_axes
-from .space.candidate import UNBUILDABLE, Candidate, knob_combinations, knob_variants
+from .space.candidate import (
+    UNBUILDABLE,
+    Candidate,
+    activation_moves,
+    knob_combinations,
+    knob_variants,
+)
 from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
 from .study.identity import IdentityMismatch, bind_study, identity_of, trial_values
@@ -253,7 +259,9 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     them, which the sampler's first random trials would rarely reach. Then
     their combinations (`knob_combinations`): the changes that helped alone,
     together, and the ones over the memory limit with a change that saves
-    memory. They count toward `n_trials`.
+    memory. Then, from the best plan so far, each activation point moved
+    alone (`activation_moves`), and the moves that helped, together. They
+    count toward `n_trials`; the sampler has what is left.
     """
     settings, knobs = setup.settings, setup.context.knobs
     order = setup.run_order()
@@ -275,16 +283,30 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
                                                               _mesh.axis_sizes(mesh)))
                 if best is not None else {})
     left = settings.n_trials - first
-    now = min(len(variants), left)
-    if now:
-        runner.run(variants, now, time_left(), roster)
-        left -= now
-        combined = _combinations(runner.records, order[best.label], best, variants, knobs)
-        now = min(len(combined), left)
+    known: dict[str, Candidate] = dict(order)
+
+    def run(candidates: Mapping[str, Candidate]) -> None:
+        nonlocal left
+        now = min(len(candidates), left)
         if now:
-            runner.run(combined, now, time_left(), roster)
-    if left - now:
-        runner.run({}, left - now, time_left(), roster)
+            known.update(candidates)
+            runner.run(candidates, now, time_left(), roster)
+            left -= now
+
+    if variants:
+        run(variants)
+        if left:
+            run(_combinations(runner.records, order[best.label], best, variants, knobs))
+    start_of_moves = _incumbent(runner.records, known) if left else None
+    if start_of_moves is not None:
+        plan = known[start_of_moves.label]
+        moves = activation_moves(plan, knobs, [c.knobs for c in known.values()
+                                               if c.same_sharding(plan)])
+        run(moves)
+        if left:
+            run(_moves_together(runner.records, plan, start_of_moves, moves, knobs))
+    if left:
+        runner.run({}, left, time_left(), roster)
 
 
 def variant_base(records: Sequence[TrialRecord], order: Mapping[str, Candidate]
@@ -319,6 +341,28 @@ def _combinations(records: Sequence[TrialRecord], candidate: Candidate, best: Tr
     return knob_combinations(candidate, knobs, (best.outcome.value,
                                                 best.outcome.memory.get("total")),
                              completed, over)
+
+
+def _incumbent(records: Sequence[TrialRecord], known: Mapping[str, Candidate]
+               ) -> TrialRecord | None:
+    """The fastest completed record of a plan in `known` (None: none completed)."""
+    done = [r for r in records if r.label in known and r.outcome.status == COMPLETE]
+    return min(done, key=lambda r: r.outcome.value, default=None)
+
+
+def _moves_together(records: Sequence[TrialRecord], plan: Candidate, ran: TrialRecord,
+                    moves: Mapping[str, Candidate], knobs: Knobs) -> dict[str, Candidate]:
+    """The `activation_moves` of `plan` (run as `ran`) that were faster than
+    it, together (`knob_combinations`, each move as the one change it made)."""
+    own = knobs.values(plan.knobs)
+    completed = {}
+    for r in records:
+        if r.label in moves and r.outcome.status == COMPLETE:
+            moved = knobs.values(moves[r.label].knobs)
+            change = tuple((n, v) for n, v in moved.items() if own[n] != v)
+            completed[change] = (r.outcome.value, r.outcome.memory.get("total"))
+    return knob_combinations(plan, knobs, (ran.outcome.value, ran.outcome.memory.get("total")),
+                             completed, ())
 
 
 def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:

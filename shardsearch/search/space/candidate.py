@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...base.activations import PREFIX as ACTIVATION_KNOB
+from ...base.activations import WHOLE
 from ...base.knobs import GRAD_GROUPS, Knobs, Setting, setting_text
 from ...base.spec import entry_axes
 from ...base.tree import leaf_shape, specs_for_leaves
@@ -69,6 +70,10 @@ class Candidate:
             if len(leaf_shape(leaf) or ()) >= 1:
                 return math.prod(axis_sizes[a] for a in entry_axes(spec[0] if spec else None))
         return 1
+
+    def same_sharding(self, other: Candidate) -> bool:
+        """Whether `other` splits the arguments by the same rules (its knobs aside)."""
+        return (self.state_rule, self.batch_rule) == (other.state_rule, other.batch_rule)
 
     def notes(self, args: Sequence[Any]) -> tuple[str, ...]:
         """What its rules decided by fallback on `(state, *batch)` (`base.warnings` notes)."""
@@ -161,15 +166,17 @@ def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int
       them: "selective remat does not fit; with four microbatches it does".
 
     Settings that set one knob twice, that the step's factory refuses, or that
-    a variant already is are left out. Labelled `"<label>~<setting>"`.
+    a variant already is are left out. Labelled `"<baseline>~<setting>"`.
 
     Args:
-      candidate: the best baseline (default knobs).
+      candidate: the best baseline (default knobs), or the best plan so far
+        with its knobs (`activation_moves`): the settings below are changes
+        to its own.
       knobs: the step's knobs.
       base: `candidate`'s value (None: it did not complete) and XLA total
         per device (None: not known).
-      completed: each completed variant's setting → its value and total.
-      over_memory: the settings of the variants cut over the memory limit.
+      completed: each completed variant's changes → its value and total.
+      over_memory: the changes of the variants cut over the memory limit.
       per_cut: memory-saving partners tried for each of those.
 
     Example:
@@ -179,23 +186,25 @@ def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int
       "fsdp_tp~microbatches=4,remat=selective": ...}`.
     """
     out: dict[str, Candidate] = {}
-    tried = set(completed) | set(over_memory)
+    tried = {_over(candidate.knobs, s) for s in ((), *completed, *over_memory)}
+    root = candidate.label.split(VARIANT_MARK)[0]
 
     def add(parts: Sequence[Setting]) -> bool:
-        merged: dict[str, Any] = {}
+        merged, changed = dict(candidate.knobs), set()
         for setting in parts:
             for name, value in setting:
-                if name in merged:
+                if name in changed:
                     return False  # one knob set twice
                 merged[name] = value
+                changed.add(name)
         setting = knobs.setting(merged)
-        if not setting or setting in tried:
+        if not setting or tuple(sorted(setting)) in tried:
             return False
         try:
             knobs.step(setting)
         except (ValueError, TypeError):
             return False  # the factory refuses it
-        label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"
+        label = f"{root}{VARIANT_MARK}{setting_text(setting)}"
         if label in out:
             return False
         out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
@@ -218,4 +227,55 @@ def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int
             if paired == per_cut:
                 break
             paired += add((cut, saver))
+    return out
+
+
+def _over(knobs: Setting, changes: Setting) -> Setting:
+    """`knobs` with `changes` made, in the order the knobs were set (the
+    setting `Knobs.setting` would give only up to order: a key for `tried`)."""
+    merged = dict(knobs)
+    merged.update(changes)
+    return tuple(sorted(merged.items()))
+
+
+def activation_moves(candidate: Candidate, knobs: Knobs,
+                     tried: Sequence[Setting] = ()) -> dict[str, Candidate]:
+    """The third round, from the best plan so far (`candidate`, its knobs as
+    the first two rounds left them): each activation point (`act_<name>`
+    knob) moved alone to each of its other values, one axis first, then
+    kept whole ("-"), then several axes. `knob_variants` leaves these to the
+    sampler, whose random placements of every point at once mostly do not
+    fit or compile (the `published-chip` H100 rows: 30-43% of the search's
+    time); one point at a time from a plan that fits, a move costs what it
+    changes. Settings in `tried`, or that the step's factory refuses, are
+    left out. Labelled `"<baseline>~<setting>"`.
+
+    Example:
+      `fsdp_tp~remat=full` → `{"fsdp_tp~remat=full,act_embed=tp": ...,
+      "fsdp_tp~remat=full,act_batch=dp": ..., ...}`.
+    """
+    root = candidate.label.split(VARIANT_MARK)[0]
+    current = dict(candidate.knobs)
+    searched = knobs.searched()
+    moves = []
+    for name, values in searched.items():
+        if not name.startswith(ACTIVATION_KNOB):
+            continue
+        for value in values:
+            if value == current.get(name, values[0]):
+                continue
+            rank = 1 if value == WHOLE else 2 if "," in str(value) else 0
+            moves.append((rank, name, value))
+    seen = {tuple(sorted(s)) for s in (*tried, candidate.knobs)}
+    out: dict[str, Candidate] = {}
+    for _, name, value in sorted(moves, key=lambda m: m[0]):
+        setting = knobs.setting({**current, name: value})
+        if not setting or tuple(sorted(setting)) in seen:
+            continue  # the baseline itself (its first round ran it), or tried
+        try:
+            knobs.step(setting)
+        except (ValueError, TypeError):
+            continue  # the factory refuses it
+        label = f"{root}{VARIANT_MARK}{setting_text(setting)}"
+        out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
     return out
