@@ -87,10 +87,12 @@ def test_a_split_that_does_not_divide_a_dim_pads_its_last_shards_as_xla_does():
         return x, jnp.tanh(x.reshape(12, 2, 256).swapaxes(0, 1))
 
     program = trace_program(step, (_sds(24, 256),))
-    live = {n: predict(program, (P("x"),), {"x": n}).live for n in (4, 8)}
+    live = {n: predict(program, (P("x"),), {"x": n}).live for n in (4, 8, 24)}
     # 12 rows over 4 devices are 3 on each; over 8, 2 on each (1.5 rounded up,
-    # the last shards padded), not all 12 for want of an even split.
+    # the last shards padded), not all 12 for want of an even split; over 24,
+    # 1 on each (12 devices hold only padding).
     assert live[8] * 3 == live[4] * 2
+    assert live[24] * 3 == live[4]
 
 
 def test_a_sharding_constraint_inside_the_step_splits_what_it_constrains(mesh24):

@@ -201,10 +201,11 @@ def _shard_bytes(g: DimGraph, options: Mapping[Node, list[tuple[str, ...]]],
                  axis_sizes: Mapping[str, int]) -> dict[int, int]:
     """Per split value id, its bytes on one device: dim by dim (first dims
     first), the first of the dim's candidate axes that still split it (mesh
-    axes another dim of the value took, or larger than what is left of the
-    dim, dropped). An axis that does not divide the dim still splits it, as
-    XLA's partitioner does, into shards of the rounded-up size, the last ones
-    padded: 384 rows over 256 devices hold 2 rows on each.
+    axes another dim of the value took, or a dim of size 1, dropped). An
+    axis that does not divide the dim still splits it, as XLA's partitioner
+    does, into shards of the rounded-up size, the last ones padded: 384 rows
+    over 256 devices hold 2 rows on each, 192 rows 1 (64 devices hold only
+    padding).
 
     Example: a [384, 512] float32 value, dim 0 on an axis of 256 devices:
     2 x 512 x 4 = 4096 bytes per device, not the whole 786432."""
@@ -221,7 +222,7 @@ def _shard_bytes(g: DimGraph, options: Mapping[Node, list[tuple[str, ...]]],
                 extent, taken = shape[d], []
                 for name in names:
                     n = axis_sizes.get(name, 1)
-                    if name in used or n <= 1 or extent < n:
+                    if name in used or n <= 1 or extent == 1:
                         continue
                     taken.append(name)
                     extent = -(-extent // n)
