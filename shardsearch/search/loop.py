@@ -316,12 +316,11 @@ def variant_base(records: Sequence[TrialRecord], order: Mapping[str, Candidate]
     total among those compiled and cut over the memory limit, which a person
     would tune with microbatches or remat before giving up on it (the 22B v4
     row: every expert plan over 32 GiB by 6 GiB). None when neither exists."""
-    ran = [r for r in records if r.label in order]
-    done = [r for r in ran if r.outcome.status == COMPLETE]
-    if done:
-        return min(done, key=lambda r: r.outcome.value)
-    over = [r for r in ran if r.outcome.status == CUT and r.outcome.cut_stage == Stage.COMPILE
-            and r.outcome.memory.get("total")]
+    fastest = _incumbent(records, order)
+    if fastest is not None:
+        return fastest
+    over = [r for r in records if r.label in order and r.outcome.status == CUT
+            and r.outcome.cut_stage == Stage.COMPILE and r.outcome.memory.get("total")]
     return min(over, key=lambda r: r.outcome.memory["total"], default=None)
 
 

@@ -125,9 +125,8 @@ def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = 
     out = {}
 
     def add(values: dict[str, Any]) -> None:
-        setting = knobs.setting(values)
-        label = f"{candidate.label}{VARIANT_MARK}{setting_text(setting)}"
-        out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+        variant = _with_knobs(candidate, knobs.setting(values))
+        out[variant.label] = variant
 
     searched = knobs.searched()
     for name, values in searched.items():
@@ -138,11 +137,8 @@ def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = 
     if batch_devices in searched.get(GRAD_GROUPS, ())[1:]:
         for k in searched.get("microbatches", ())[1:]:
             values = {"microbatches": k, GRAD_GROUPS: batch_devices}
-            try:
-                knobs.step(knobs.setting(values))
-            except (ValueError, TypeError):
-                continue  # the factory refuses it: too few rows per microbatch
-            add(values)
+            if _builds(knobs, knobs.setting(values)):  # not too few rows per microbatch
+                add(values)
     group = ",".join(tensor)
     chosen = {f"{ACTIVATION_KNOB}{n}": group for n in SEQUENCE_PARALLEL
               if group in knobs.searched().get(f"{ACTIVATION_KNOB}{n}", ())}
@@ -186,11 +182,11 @@ def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int
       "fsdp_tp~microbatches=4,remat=selective": ...}`.
     """
     out: dict[str, Candidate] = {}
-    tried = {_over(candidate.knobs, s) for s in ((), *completed, *over_memory)}
-    root = candidate.label.split(VARIANT_MARK)[0]
+    own = dict(candidate.knobs)
+    tried = {knobs.setting({**own, **dict(s)}) for s in ((), *completed, *over_memory)}
 
     def add(parts: Sequence[Setting]) -> bool:
-        merged, changed = dict(candidate.knobs), set()
+        merged, changed = dict(own), set()
         for setting in parts:
             for name, value in setting:
                 if name in changed:
@@ -198,16 +194,12 @@ def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int
                 merged[name] = value
                 changed.add(name)
         setting = knobs.setting(merged)
-        if not setting or tuple(sorted(setting)) in tried:
+        if not setting or setting in tried or not _builds(knobs, setting):
             return False
-        try:
-            knobs.step(setting)
-        except (ValueError, TypeError):
-            return False  # the factory refuses it
-        label = f"{root}{VARIANT_MARK}{setting_text(setting)}"
-        if label in out:
+        variant = _with_knobs(candidate, setting)
+        if variant.label in out:
             return False
-        out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+        out[variant.label] = variant
         return True
 
     value, memory = base
@@ -230,14 +222,6 @@ def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int
     return out
 
 
-def _over(knobs: Setting, changes: Setting) -> Setting:
-    """`knobs` with `changes` made, in the order the knobs were set (the
-    setting `Knobs.setting` would give only up to order: a key for `tried`)."""
-    merged = dict(knobs)
-    merged.update(changes)
-    return tuple(sorted(merged.items()))
-
-
 def activation_moves(candidate: Candidate, knobs: Knobs,
                      tried: Sequence[Setting] = ()) -> dict[str, Candidate]:
     """The third round, from the best plan so far (`candidate`, its knobs as
@@ -254,7 +238,6 @@ def activation_moves(candidate: Candidate, knobs: Knobs,
       `fsdp_tp~remat=full` → `{"fsdp_tp~remat=full,act_embed=tp": ...,
       "fsdp_tp~remat=full,act_batch=dp": ..., ...}`.
     """
-    root = candidate.label.split(VARIANT_MARK)[0]
     current = dict(candidate.knobs)
     searched = knobs.searched()
     moves = []
@@ -266,16 +249,30 @@ def activation_moves(candidate: Candidate, knobs: Knobs,
                 continue
             rank = 1 if value == WHOLE else 2 if "," in str(value) else 0
             moves.append((rank, name, value))
-    seen = {tuple(sorted(s)) for s in (*tried, candidate.knobs)}
+    seen = {knobs.setting(s) for s in (*tried, candidate.knobs)}
     out: dict[str, Candidate] = {}
     for _, name, value in sorted(moves, key=lambda m: m[0]):
         setting = knobs.setting({**current, name: value})
-        if not setting or tuple(sorted(setting)) in seen:
-            continue  # the baseline itself (its first round ran it), or tried
-        try:
-            knobs.step(setting)
-        except (ValueError, TypeError):
-            continue  # the factory refuses it
-        label = f"{root}{VARIANT_MARK}{setting_text(setting)}"
-        out[label] = dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+        # Not the baseline itself (its first round ran it), nor a setting
+        # tried already or that the factory refuses.
+        if setting and setting not in seen and _builds(knobs, setting):
+            variant = _with_knobs(candidate, setting)
+            out[variant.label] = variant
     return out
+
+
+def _with_knobs(candidate: Candidate, setting: Setting) -> Candidate:
+    """`candidate`'s sharding under the knob `setting`, labelled
+    `"<baseline>~<setting>"` (the baseline `candidate` is, or was tuned from)."""
+    label = f"{candidate.label.split(VARIANT_MARK)[0]}{VARIANT_MARK}{setting_text(setting)}"
+    return dataclasses.replace(candidate, label=label, knobs=setting, readable=())
+
+
+def _builds(knobs: Knobs, setting: Setting) -> bool:
+    """Whether the step's factory builds the step of `setting` (it refuses, for
+    example, grad_groups that do not divide a microbatch's rows)."""
+    try:
+        knobs.step(setting)
+    except (ValueError, TypeError):
+        return False
+    return True
