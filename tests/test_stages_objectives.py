@@ -203,6 +203,15 @@ def test_estimate_is_the_roofline_of_flops_bytes_and_link_bytes():
         assert model.estimate(program) == pytest.approx(old, rel=1e-12)
 
 
+def test_a_compilers_peak_is_the_total_where_given():
+    listed = XlaMemory(100, 50, 30, 20)
+    assert listed.total == 160 and "peak" not in listed.to_json()
+    peaked = XlaMemory(100, 50, 30, 20, peak=400)
+    assert peaked.total == 400 and peaked.to_json()["peak"] == 400
+    with pytest.raises(ValueError, match=r"XlaMemory\.peak=-1"):
+        XlaMemory(100, 50, 30, 20, peak=-1)
+
+
 def test_a_compiled_programs_estimate_uses_its_loop_aware_figures(mesh24):
     ctx, _ = make_context(get_workload("gpt:tiny"), None, mesh24, objective="static")
     specs, fp = _evaluate.resolve(baseline_candidates(None, mesh24)["default"], ctx)

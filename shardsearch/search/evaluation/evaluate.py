@@ -256,6 +256,10 @@ class CompiledStep:
     def memory_analysis(self) -> Any:
         return self.executable.memory_analysis()
 
+    @property
+    def input_shardings(self) -> Any:
+        return self.executable.input_shardings
+
     def cost_analysis(self) -> Any:
         return self.executable.cost_analysis()
 
@@ -387,8 +391,12 @@ def compile_and_score(
 
 def _needs(memory: dict[str, int]) -> str:
     """XLA's memory figures as a compile-stage cut states them."""
-    return (f"{memory['total']} bytes per device (arguments {memory['argument']} + outputs "
-            f"{memory['output']} + temporaries {memory['temp']} - aliased {memory['alias']})")
+    parts = (f"arguments {memory['argument']} + outputs {memory['output']} + temporaries "
+             f"{memory['temp']} - aliased {memory['alias']}")
+    if memory.get("peak"):
+        return (f"{memory['total']} bytes per device at its peak (its memory analysis lists "
+                f"{parts})")
+    return f"{memory['total']} bytes per device ({parts})"
 
 
 def over_chip_memory(err: BaseException) -> str | None:
