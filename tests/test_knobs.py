@@ -329,8 +329,8 @@ def test_the_second_round_combines_what_helped_and_rescues_what_did_not_fit(mesh
 def test_the_third_round_moves_one_activation_point_at_a_time_from_the_best_plan(mesh8):
     """Random placements of every point at once mostly did not fit or compile
     (30-43% of the published-chip H100 rows' search time); from the best plan
-    so far, one point moves at a time: one axis first, then whole, then
-    several axes; the moves that helped then run together."""
+    so far, one point moves at a time: one axis first, then several axes,
+    then whole; the moves that helped then run together."""
     def make(remat="full", act_embed="auto", act_mlp="auto"):
         if act_mlp == "tp,dp":
             raise ValueError("refused")
@@ -344,8 +344,8 @@ def test_the_third_round_moves_one_activation_point_at_a_time_from_the_best_plan
     moves = activation_moves(plan, knobs, tried=[(("remat", "none"), ("act_mlp", "dp"))])
     assert list(moves) == [
         "dp~remat=none,act_embed=dp", "dp~remat=none,act_embed=tp",  # one axis
-        "dp~remat=none,act_embed=-", "dp~remat=none,act_mlp=-",      # whole
-        "dp~remat=none,act_mlp=dp,tp"]  # act_mlp=dp was tried, tp,dp is refused
+        "dp~remat=none,act_mlp=dp,tp",  # act_mlp=dp was tried, tp,dp is refused
+        "dp~remat=none,act_embed=-", "dp~remat=none,act_mlp=-"]      # whole
     assert all(m.same_sharding(base) for m in moves.values())
     # A plan with a point placed moves it back to XLA's choice too, unless
     # that is the baseline itself, which the first round ran.
@@ -580,7 +580,7 @@ def test_after_the_knob_rounds_the_best_plan_moves_its_activation_points(mesh24,
     # have, one axis first; one act_mlp point: nothing to move together.
     values = [v for v in result.setup.context.knobs.searched()["act_mlp"]
               if v != dict(best.knobs).get("act_mlp", "auto")]
-    values.sort(key=lambda v: 1 if v == "-" else 2 if "," in v else 0)
+    values.sort(key=lambda v: 2 if v == "-" else 1 if "," in v else 0)
     root = best.label.split("~")[0]
     expected = [f"{root}~{setting_text((*best.knobs, ('act_mlp', v)))}" for v in values]
     assert labels[last + 1:last + 1 + len(values)] == expected

@@ -227,8 +227,10 @@ def activation_moves(candidate: Candidate, knobs: Knobs,
     """The third round, from the best plan so far (`candidate`, its knobs as
     the first two rounds left them): each activation point (`act_<name>`
     knob) moved alone to each of its other values, one axis first, then
-    kept whole ("-"), then several axes. `knob_variants` leaves these to the
-    sampler, whose random placements of every point at once mostly do not
+    several axes, then kept whole ("-": in the `published-chip` runs no such
+    move beat its plan and most came out at the plan's own estimate, so they
+    come last, where the budget runs out first). `knob_variants` leaves these
+    to the sampler, whose random placements of every point at once mostly do not
     fit or compile (the `published-chip` H100 rows: 30-43% of the search's
     time); one point at a time from a plan that fits, a move costs what it
     changes. Settings in `tried`, or that the step's factory refuses, are
@@ -247,7 +249,7 @@ def activation_moves(candidate: Candidate, knobs: Knobs,
         for value in values:
             if value == current.get(name, values[0]):
                 continue
-            rank = 1 if value == WHOLE else 2 if "," in str(value) else 0
+            rank = 2 if value == WHOLE else 1 if "," in str(value) else 0
             moves.append((rank, name, value))
     seen = {knobs.setting(s) for s in (*tried, candidate.knobs)}
     out: dict[str, Candidate] = {}
