@@ -45,7 +45,8 @@ class XlaMemory:
     assignment lays every temporary out in 24.7 GiB, and for a
     ``[1024,1024]`` matmul on a 2x2 v5e it says 0 beside a 4 MiB gather.
     The TPU compiler's ``peak_memory_in_bytes`` (29.2 GiB and 4.5 MiB there)
-    is what it checks against the chip's HBM before refusing a program, so
+    agrees with its buffer assignment (29.2 GiB with the arguments, the
+    figure it checks against the chip's HBM before refusing a program), so
     on TPU that peak is the total. On GPU the peak equals the sum (76.69 GiB
     both, for the 7.1B Megatron step on H100s); on CPU it is not a peak (it
     leaves out the temporaries), so neither is read.
