@@ -134,12 +134,15 @@ def search_table(rows: list[dict]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| entry | plan | knobs | status | memory GiB (args + temps) | chip GiB | "
-             "collectives GB | estimate s |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| entry | plan | knobs | status | memory GiB (args + temps; TPU: the compiler's "
+             "peak, args and temps as listed) | chip GiB | collectives GB | estimate s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["memory"]
-        mem = (f"{m['total'] / GiB:.1f} ({m.get('argument', 0) / GiB:.1f} + "
-               f"{m.get('temp', 0) / GiB:.1f})" if "total" in m else "-")
+        parts = f"{m.get('argument', 0) / GiB:.1f} + {m.get('temp', 0) / GiB:.1f}"
+        if "peak" in m:
+            parts = f"peak; listed {parts}"
+        mem = f"{m['total'] / GiB:.1f} ({parts})" if "total" in m else "-"
         knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items()) or "as published"
         est = f"{r['estimate']:.2f}" if r["estimate"] is not None else "-"
         status = r["status"] + (f" at {r['cut_stage']}" if r["cut_stage"] else "")
