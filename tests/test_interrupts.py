@@ -14,7 +14,7 @@ import optuna
 import pytest
 from child_env import child_env
 from optuna.trial import TrialState
-from progress import after_trials
+from progress import after_trials, signal_mid_trial
 
 import shardsearch as ss
 from shardsearch.cli.main import Terminated, handle_signals
@@ -54,8 +54,8 @@ def test_a_signal_mid_study_exits_cleanly_every_time(sig, code, word, tmp_path):
         # In this process, a compile thread is in XLA when the signal comes (the
         # C++ abort seen before); isolated, the study process waits on its worker.
         process = _start(tmp_path, storage, isolate=run == 2)
-        seen = after_trials(process, 2, TRIALS, settle=0.05)
-        process.send_signal(sig)
+        seen = after_trials(process, 2, TRIALS)
+        signal_mid_trial(process, lambda: _trials(storage), sig)
         _, rest = process.communicate(timeout=300)
         err = (seen + rest).decode(errors="replace")
         assert process.returncode == code, err[-3000:]
@@ -77,8 +77,8 @@ def test_kill_9_mid_study_then_resume_loses_nothing(tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     process = _start(tmp_path, storage, isolate=False)
     # Past the moment the trial names its owner (a signal would wait for it; kill -9 cannot).
-    after_trials(process, 2, TRIALS, settle=0.2)
-    process.kill()
+    after_trials(process, 2, TRIALS)
+    signal_mid_trial(process, lambda: _trials(storage))
     process.communicate()  # reaps it: its pid no longer names a process
     before = _trials(storage)
     finished = {t.number: t.user_attrs["outcome"] for t in before if t.state.is_finished()}

@@ -7,7 +7,6 @@ in this process, where a dead worker is a pid that no longer runs.
 """
 
 import collections
-import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ import pytest
 from child_env import child_env
 from optuna.trial import TrialState
 from pgserver import ONE_PROCESS, fresh_database, postgres_url
-from progress import after_trials
+from progress import after_trials, signal_mid_trial
 from sqlalchemy.engine import make_url
 
 from shardsearch.search.evaluation.outcome import Outcome
@@ -46,27 +45,6 @@ def _worker(tmp_path, storage, name, trials, seed, command=COMMAND):
         [sys.executable, "-m", "shardsearch", *command, "--storage", storage, "--trials",
          str(trials), "--seed", str(seed), "--out", str(tmp_path / f"{name}.json")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _kill_mid_trial(process, url, tries=50):
-    """kill -9 of `process` while it runs a trial that names it as its owner;
-    that trial's number.
-
-    The process is frozen (SIGSTOP) while the study is read, so what the
-    study shows is what it was doing when killed.
-    """
-    for _ in range(tries):
-        process.send_signal(signal.SIGSTOP)
-        running = [t.number for t in _trials(url) if t.state == TrialState.RUNNING
-                   and (t.user_attrs.get(OWNER_ATTR) or {}).get("pid") == process.pid]
-        if running:
-            process.send_signal(signal.SIGKILL)
-            process.communicate()
-            return running[0]
-        process.send_signal(signal.SIGCONT)
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError("the worker was never caught mid-trial")
 
 
 def _finish(process, limit=240):
@@ -119,7 +97,8 @@ def test_two_workers_on_postgres_share_compiles_and_survive_kill_9(tmp_path):
     doomed = _worker(tmp_path, spelled, "a", trials=30, seed=1)
     survivor = _worker(tmp_path, url, "b", trials=10, seed=2)
     after_trials(doomed, 3, 30, limit=120.0)
-    killed = _kill_mid_trial(doomed, url)
+    killed = signal_mid_trial(doomed, lambda: _trials(url))
+    doomed.communicate()
     out = _finish(survivor)
     password = make_url(url).password
     assert password not in out and "***" in out  # the study line names the storage
