@@ -2,11 +2,13 @@
 
 import dataclasses
 import json
+import types
 
 import optuna
 import pytest
 
 import shardsearch as ss
+from shardsearch.base.warnings import ShardsearchWarning
 from shardsearch.cost.chips import HARDWARE, LEGACY
 from shardsearch.cost.hardware import HardwareModel
 from shardsearch.cost.hlo import Collective, CollectiveSummary, HloCost
@@ -210,6 +212,23 @@ def test_a_compilers_peak_is_the_total_where_given():
     assert peaked.total == 400 and peaked.to_json()["peak"] == 400
     with pytest.raises(ValueError, match=r"XlaMemory\.peak=-1"):
         XlaMemory(100, 50, 30, 20, peak=-1)
+
+
+def _stats_on(platform, peak):
+    stats = types.SimpleNamespace(argument_size_in_bytes=100, output_size_in_bytes=50,
+                                  temp_size_in_bytes=30, alias_size_in_bytes=20,
+                                  peak_memory_in_bytes=peak)
+    device = types.SimpleNamespace(platform=platform)
+    return types.SimpleNamespace(memory_analysis=lambda: stats,
+                                 input_shardings=((types.SimpleNamespace(device_set=[device]),),
+                                                  {}))
+
+
+def test_the_peak_is_read_on_tpu_only_and_its_absence_there_is_warned():
+    assert XlaMemory.from_compiled(_stats_on("tpu", 400)).total == 400
+    assert XlaMemory.from_compiled(_stats_on("cpu", 4)).total == 160  # not a peak on CPU
+    with pytest.warns(ShardsearchWarning, match="gave no peak_memory_in_bytes"):
+        assert XlaMemory.from_compiled(_stats_on("tpu", 0)).total == 160
 
 
 def test_a_compiled_programs_estimate_uses_its_loop_aware_figures(mesh24):

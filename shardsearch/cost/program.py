@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 
-from ..base.warnings import note
+from ..base.warnings import ShardsearchWarning, note
 from .hlo import CollectiveSummary, HloCost, parse_hlo
 
 
@@ -87,10 +88,17 @@ class XlaMemory:
         """Reads `compiled.memory_analysis()`, and its peak when the program
         was compiled for TPU devices (`compiled.input_shardings` say where)."""
         stats = compiled.memory_analysis()
-        peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
+        peak = 0
+        if _platform(compiled) == "tpu":
+            peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
+            if not peak:
+                warnings.warn(
+                    "shardsearch: the TPU compiler gave no peak_memory_in_bytes; the program's "
+                    "memory is the sum of its memory analysis, whose temporaries are not their "
+                    "peak on TPU (docs/targets.md): fit verdicts may be wrong either way",
+                    ShardsearchWarning, stacklevel=2)
         return cls(int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes),
-                   int(stats.temp_size_in_bytes), int(stats.alias_size_in_bytes),
-                   peak if _platform(compiled) == "tpu" else 0)
+                   int(stats.temp_size_in_bytes), int(stats.alias_size_in_bytes), peak)
 
 
 def _platform(compiled: Any) -> str | None:
