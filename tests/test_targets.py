@@ -29,7 +29,7 @@ from shardsearch.search.setup import make_context
 from shardsearch.workloads import get_workload
 
 HAVE = {"tpu": importlib.util.find_spec("libtpu") is not None,
-        "cuda": importlib.util.find_spec("jax_plugins.xla_cuda12") is not None}
+        "cuda": _target._cuda_major() is not None}
 
 
 def _need(platform):
@@ -86,12 +86,26 @@ def test_a_bad_topology_is_refused_when_the_target_is_built():
 def test_a_missing_plugin_names_the_extra(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("libtpu", "jax_plugins.xla_cuda12")
+                        lambda name, *a: None if name in ("libtpu", "jax_plugins.xla_cuda12",
+                                                          "jax_plugins.xla_cuda13")
                         else real(name, *a))
     with pytest.raises(TargetUnavailable, match=r"pip install 'shardsearch\[tpu\]'"):
         _target.require_plugin("tpu-v5e")
     with pytest.raises(TargetUnavailable, match=r"pip install 'shardsearch\[cuda\]'"):
         _target.require_plugin("gpu-h200")
+
+
+def test_the_cuda_13_plugin_compiles_gpu_targets_too(monkeypatch):
+    # jax[cuda13] installs jax_plugins.xla_cuda13 and no cuda12 plugin: the
+    # target must take it, and record its packages as the compiler.
+    real = importlib.util.find_spec
+    present = real("json")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "jax_plugins.xla_cuda12"
+                        else present if name == "jax_plugins.xla_cuda13" else real(name, *a))
+    _target.require_plugin("gpu-h200")
+    assert set(Target("gpu-h200", "1x1x8").versions()) == {"jax-cuda13-plugin",
+                                                           "jax-cuda13-pjrt"}
 
 
 # ------------------------------------------------------------------- meshes

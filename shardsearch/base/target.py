@@ -85,8 +85,26 @@ TARGET_CHIPS: dict[str, TargetChip] = {
     )
 }
 
-# The packages whose versions say which compiler a candidate was compiled by.
-_PACKAGES = {"tpu": ("libtpu",), "cuda": ("jax-cuda12-plugin", "jax-cuda12-pjrt")}
+# The CUDA majors jax ships a plugin for (`jax[cuda12]`, `jax[cuda13]`); a GPU
+# target compiles with whichever is installed, the first listed if both are.
+CUDA_MAJORS = ("12", "13")
+
+
+def _cuda_major() -> str | None:
+    """The CUDA major of the installed plugin, or None without one."""
+    for major in CUDA_MAJORS:
+        if importlib.util.find_spec(f"jax_plugins.xla_cuda{major}") is not None:
+            return major
+    return None
+
+
+def _packages(platform: str) -> tuple[str, ...]:
+    """The packages whose versions say which compiler a candidate was
+    compiled by (the CUDA 12 ones, reported missing, when no plugin is in)."""
+    if platform == "tpu":
+        return ("libtpu",)
+    major = _cuda_major() or CUDA_MAJORS[0]
+    return (f"jax-cuda{major}-plugin", f"jax-cuda{major}-pjrt")
 
 
 def target_chip(name: str) -> TargetChip:
@@ -195,7 +213,7 @@ class Target:
 
     def versions(self) -> dict[str, str]:
         """The installed compiler packages and their versions."""
-        return {name: _version(name) for name in _PACKAGES[self.platform]}
+        return {name: _version(name) for name in _packages(self.platform)}
 
     def devices(self) -> list[Any]:
         """The chip's compile-only devices (made once per process).
@@ -241,9 +259,10 @@ def require_plugin(chip: str) -> None:
     """Raises TargetUnavailable unless the chip's compiler plugin is installed."""
     spec = target_chip(chip)
     found = (importlib.util.find_spec("libtpu") is not None if spec.platform == "tpu"
-             else importlib.util.find_spec("jax_plugins.xla_cuda12") is not None)
+             else _cuda_major() is not None)
     if not found:
-        what = "libtpu" if spec.platform == "tpu" else "the CUDA plugin (jax-cuda12-plugin)"
+        what = ("libtpu" if spec.platform == "tpu" else
+                "a CUDA plugin (jax-cuda12-plugin or jax-cuda13-plugin)")
         raise TargetUnavailable(
             f"compiling for {chip} needs {what}, which is not installed; install it with "
             f"pip install 'shardsearch[{spec.extra}]'")
