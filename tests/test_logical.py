@@ -353,3 +353,31 @@ def test_describe_lists_each_axis_with_its_size_role_and_leaf_count():
 ])
 def test_reshape_groups(a, b, groups):
     assert reshape_groups(a, b) == groups
+
+
+def test_a_scans_consts_and_carries_are_read_in_either_jax_spelling():
+    # jax 0.11 replaced a scan's num_consts / num_carry with a tree of its
+    # inputs (ft_in: consts, carry, xs); on jax 0.11.2 (a real H200 machine)
+    # reading num_consts raised KeyError and the memory prediction was off.
+    from shardsearch.logical.walk import scan_counts
+
+    w = jnp.ones((3, 4, 4), f32)
+
+    def f(w, x):
+        return jax.lax.scan(lambda c, wi: (c @ wi * w[0, 0, 0], None), x, w)[0]
+
+    jaxpr = jax.make_jaxpr(f)(w, jnp.ones((4, 4), f32)).jaxpr
+    eqn = next(e for e in jaxpr.eqns if e.primitive.name == "scan")
+    found = scan_counts(eqn.params)
+    inputs = len(eqn.invars)
+
+    class Inputs:  # the 0.11 form: a tree of three groups of inputs
+        def __init__(self, consts: int, carry: int) -> None:
+            self.groups = ([None] * consts, [None] * carry, [None] * (inputs - consts - carry))
+
+        def unpack(self):
+            return self.groups
+
+    newer = {k: v for k, v in eqn.params.items() if k not in ("num_consts", "num_carry")}
+    assert scan_counts(dict(newer, ft_in=Inputs(*found))) == found
+    assert found[1] == 1 and found[0] >= 1  # the carry x; w closed over as a const

@@ -17,7 +17,7 @@ no outputs (a debug callback) couples nothing and is not reported.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,12 +93,23 @@ def _shape(var: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in getattr(var.aval, "shape", ()))
 
 
+def scan_counts(params: Mapping[str, Any]) -> tuple[int, int]:
+    """A scan equation's numbers of consts and carries, its inputs' first two
+    groups (the xs follow). jax up to 0.10 names them `num_consts` and
+    `num_carry`; from 0.11 the inputs are a tree `ft_in` of (consts, carry,
+    xs)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _xs = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 def _carried(eqn: Any) -> tuple[tuple[int, int], ...]:
     """(input index, output index) of a scan's or a while's loop carries."""
     p = eqn.params
     if eqn.primitive.name == "scan":
-        first = p["num_consts"]
-        return tuple((first + k, k) for k in range(p["num_carry"]))
+        first, carries = scan_counts(p)
+        return tuple((first + k, k) for k in range(carries))
     if eqn.primitive.name == "while":
         first = p["cond_nconsts"] + p["body_nconsts"]
         return tuple((first + k, k) for k in range(len(eqn.outvars)))
@@ -204,7 +215,7 @@ def _scan(g: DimGraph, eqn: Any, ins: list[int], outs: list[int]) -> None:
     tie to the body without their stacked leading dim, which is one axis for
     all of them (the layers of a scan-stacked model)."""
     p = eqn.params
-    nc, nk = p["num_consts"], p["num_carry"]
+    nc, nk = scan_counts(p)
     body = p["jaxpr"]
     body_vars = _open(body)[0].invars
     carry, xs = ins[nc:nc + nk], ins[nc + nk:]
