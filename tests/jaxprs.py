@@ -6,12 +6,17 @@ import jax
 def constraints(fn, *args) -> list[tuple]:
     """The specs of the sharding constraints `fn` traces on `args`, in order,
     nested jaxprs (grads, scans, remat) included: one tuple of entries each."""
+    return [tuple(s.spec) for s in constraint_shardings(fn, *args)]
+
+
+def constraint_shardings(fn, *args) -> list:
+    """The shardings of those constraints, in the same order."""
     found = []
 
     def walk(jaxpr):
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "sharding_constraint":
-                found.append(tuple(eqn.params["sharding"].spec))
+                found.append(eqn.params["sharding"])
             for value in eqn.params.values():
                 for item in value if isinstance(value, tuple | list) else (value,):
                     inner = getattr(item, "jaxpr", item)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jaxprs import constraints
+from jaxprs import constraint_shardings, constraints
 
 import shardsearch as ss
 from shardsearch.base import activations as acts
@@ -66,6 +66,11 @@ def test_a_point_is_nothing_without_rules_and_a_constraint_under_them():
     with acts.activation_rules({"seq": "tp", "embed": None}, AXES):
         specs = constraints(lambda v: f(v), x)
     assert specs == [(jax.sharding.PartitionSpec.UNCONSTRAINED, "tp", None)]
+    # On Auto axes, whatever the jax's default for an AbstractMesh (0.11's is
+    # Explicit, where an unconstrained dim is refused).
+    with acts.activation_rules({"seq": "tp", "embed": None}, AXES):
+        (sharding,) = constraint_shardings(lambda v: f(v), x)
+    assert set(sharding.mesh.axis_types) == {jax.sharding.AxisType.Auto}
     # Names no rule mentions: nothing traced.
     with acts.activation_rules({"heads": "tp"}, AXES):
         assert constraints(lambda v: f(v), x) == []

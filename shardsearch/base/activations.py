@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import AbstractMesh, AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .knobs import Knobs
@@ -121,7 +121,10 @@ def activation(x: jax.Array, names: Sequence[str | None], *,
     names = tuple(P.UNCONSTRAINED if n in out else n for n in names)
     if active is None or not any(isinstance(n, str) and n in active.rules for n in names):
         return x
-    mesh = AbstractMesh(tuple(s for _, s in active.axes), tuple(a for a, _ in active.axes))
+    # Auto axes, said outright: jax 0.11 makes an AbstractMesh's axes Explicit
+    # by default, and refuses P.UNCONSTRAINED on those.
+    mesh = AbstractMesh(tuple(s for _, s in active.axes), tuple(a for a, _ in active.axes),
+                        axis_types=(AxisType.Auto,) * len(active.axes))
     return jax.lax.with_sharding_constraint(
         x, NamedSharding(mesh, placement(names, active.rules, unnamed_whole=unnamed_whole,
                                          reserved=_RESERVED.get())))
