@@ -2,6 +2,7 @@
 and one JAX compilation cache for the whole session."""
 
 import atexit
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -18,9 +19,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # replace any XLA_FLAGS of the shell (a --xla_force_host_platform_device_count
 # there would fight jax_num_cpu_devices below), and the processes the tests
 # start inherit them (`child_env.child_env`).
-os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# jax 0.11's XLA has only the new emitters and aborts on the flag.
+_JAXLIB = tuple(int(p) for p in importlib.metadata.version("jaxlib").split(".")[:2])
+os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0" + (
+    " --xla_cpu_use_fusion_emitters=false" if _JAXLIB < (0, 11) else "")
 
-import jax
+import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
