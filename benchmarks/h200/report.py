@@ -25,8 +25,7 @@ import shardsearch as ss
 
 ss.use_cpu_devices(1)
 
-from shardsearch.cost.program import ProgramCost  # noqa: E402
-from shardsearch.cost.topology import Topology  # noqa: E402
+from shardsearch.search import ProgramCost, Topology, target_of  # noqa: E402
 
 GiB, MB = 2**30, 10**6
 COMMANDS = {
@@ -69,7 +68,7 @@ def gib(n) -> str:
 
 def config_table(env: dict) -> list[str]:
     torch = env["gpu"]["torch"]
-    text = (Path(ss.__file__).parent / "base" / "gpu_targets" / "gpu-h200.txtpb").read_text()
+    text = target_of(ss.target_mesh("gpu-h200", {"dp": 1})).config
     field = {m[1]: m[2] for m in re.finditer(r"^\s*(\w+):\s*([\d.]+)\s*$", text, re.M)}
     bandwidth = 2 * int(torch["memory_clock_rate"]) * 1000 * int(torch["memory_bus_width"]) // 8
     rows = [
