@@ -273,6 +273,29 @@ def test_over_the_gpus_memory_is_cut_though_its_compiler_only_warns(h100):
     assert outcome.memory["total"] > target_of(h100).memory_bytes
 
 
+def test_what_a_gpu_plan_needs_at_run_time_is_said():
+    h100 = Target("gpu-h100", "1x1x8")
+    chip = h100.memory_bytes
+    assert _target.gpu_memory_advice(h100, int(0.5 * chip)) is None
+    over_default = _target.gpu_memory_advice(h100, int(0.8 * chip))
+    # 0.8 of the chip, plus the deviceless shortfall, rounded up.
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.82 or more" in over_default
+    assert "check it on the chip" not in over_default
+    close = _target.gpu_memory_advice(h100, int(0.99 * chip))
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.99" in close and "check it on the chip" in close
+    # A TPU's compiler refuses what does not fit: nothing to add.
+    assert _target.gpu_memory_advice(Target("tpu-v5e", "2x2"), 10**12) is None
+
+
+def test_a_gpu_winner_over_what_jax_gives_by_default_is_warned(h100, monkeypatch):
+    # A tiny step needs a sliver of the chip; a sliver is what JAX is made to
+    # give it here, so the winner must come with the advice.
+    monkeypatch.setattr(_target, "JAX_GPU_MEMORY_FRACTION", 1e-9)
+    with pytest.warns(_target.TargetMemoryWarning, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        ss.optimize(get_workload("mlp:tiny"), mesh=h100, objective="static", n_trials=2,
+                    quiet=True)
+
+
 def test_the_compilers_refusal_is_read_from_its_message():
     assert over_chip_memory(RuntimeError("INTERNAL: something else")) is None
     assert over_chip_memory(RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory "

@@ -238,6 +238,52 @@ class Target:
         return out
 
 
+class TargetMemoryWarning(ShardsearchWarning):
+    """A plan fits a GPU target by the compiler's figures, but a JAX run on
+    the real GPU needs more than JAX's defaults give, or the fit is too close
+    to trust a deviceless figure."""
+
+
+# JAX preallocates this fraction of a GPU's memory for XLA unless
+# XLA_PYTHON_CLIENT_MEM_FRACTION (or XLA_PYTHON_CLIENT_PREALLOCATE=false)
+# says otherwise; a program needing more fails at run time.
+JAX_GPU_MEMORY_FRACTION = 0.75
+# How much more a real H200's autotuned program needed than the same program
+# compiled deviceless: at most 1.7% of its peak (benchmarks/results/h200).
+DEVICELESS_SHORTFALL = 0.02
+
+
+def gpu_memory_advice(target: Target, needed: int) -> str | None:
+    """What a user must know to run a plan needing `needed` bytes per device
+    on a GPU target's real devices; None when nothing (and for TPUs, whose
+    compiler itself refuses what does not fit).
+
+    Example:
+      >>> gpu_memory_advice(Target("gpu-h100", "1x1x8"), 70 * 2**30)
+      'the plan needs 70.0 GiB per device: over the 75% of the 79.2 GiB that JAX
+      preallocates on a GPU by default; run it with XLA_PYTHON_CLIENT_MEM_FRACTION=0.91
+      or more'
+    """
+    chip = target.memory_bytes
+    if target.platform != "cuda" or chip is None:
+        return None
+    notes = []
+    if needed > JAX_GPU_MEMORY_FRACTION * chip:
+        fraction = min(0.99, math.ceil(100 * needed * (1 + DEVICELESS_SHORTFALL) / chip) / 100)
+        notes.append(
+            f"over the {JAX_GPU_MEMORY_FRACTION:.0%} of the {chip / 2**30:.1f} GiB that JAX "
+            f"preallocates on a GPU by default; run it with "
+            f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction:.2f} or more")
+    if needed * (1 + DEVICELESS_SHORTFALL) > chip:
+        notes.append(
+            f"within {DEVICELESS_SHORTFALL:.0%} of the device's memory, and a deviceless "
+            "compile can come out that much under the real GPU's autotuned program: check it "
+            "on the chip, or plan with a lower budget (--budget, memory_budget=)")
+    if not notes:
+        return None
+    return f"the plan needs {needed / 2**30:.1f} GiB per device: " + "; ".join(notes)
+
+
 def shipped_config(chip: str) -> str:
     """The `GpuTargetConfig` text shipped for a GPU chip."""
     name = f"{target_chip(chip).family}.txtpb"

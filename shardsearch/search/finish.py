@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from ..base import mesh as _mesh
+from ..base.target import TargetMemoryWarning, gpu_memory_advice
 from ..base.warnings import ShardsearchWarning
 from ..rules.base import rule_from_config
 from .evaluation import confirm as _confirm
@@ -128,6 +129,7 @@ def finish(
             [(r, confirmation[_name(r)].times, r.outcome.fingerprint in base_fps,
               r.outcome.memory.get("total")) for r in finalists])
     best_specs = specs[winner.outcome.fingerprint]
+    _advise_gpu_memory(ctx, winner)
     outputs_match = worst = None
     if ctx.objective.confirms:
         outputs_match, worst = _confirm.compare_outputs(
@@ -227,6 +229,17 @@ def _ties(fastest: Sequence[float], other: Sequence[float]) -> bool:
 def _footprint(finalist: tuple[Any, ...]) -> float:
     memory = finalist[3] if len(finalist) > 3 else None
     return math.inf if memory is None else memory
+
+
+def _advise_gpu_memory(ctx: Any, winner: TrialRecord) -> None:
+    """Warns when the winner, planned for GPUs, needs more than JAX gives a
+    program by default or fits too closely to trust (`gpu_memory_advice`)."""
+    total = winner.outcome.memory.get("total")
+    advice = (gpu_memory_advice(ctx.target, total)
+              if ctx.target is not None and total is not None else None)
+    if advice:
+        warnings.warn(TargetMemoryWarning(f"{_name(winner)}: {advice}"),
+                      stacklevel=4)
 
 
 def _name(record: TrialRecord) -> str:
