@@ -277,6 +277,29 @@ def test_an_estimate_must_beat_the_best_baseline_by_the_margin_to_replace_it():
     assert estimated_winner(base, base) is base
 
 
+def test_of_estimates_within_the_margin_the_least_communication_wins():
+    """The published v5p 32B row: 8 microbatches and 4 at one estimate, the
+    8 moving 4.60 s of collectives and the 4 2.75 s; the 4 is the safer plan."""
+    from types import SimpleNamespace
+
+    from shardsearch.search.finish import least_communication
+
+    def record(value, comm, total=1):
+        return SimpleNamespace(outcome=SimpleNamespace(
+            value=value, breakdown=None if comm is None else {"communication": comm},
+            memory={"total": total}))
+
+    eight, four = record(5.300, 4.60), record(5.301, 2.75)
+    assert least_communication([eight, four]) is four
+    # Equal communication: the smaller footprint, then the order given.
+    small = record(5.302, 2.75, total=0)
+    assert least_communication([eight, four, small]) is small
+    assert least_communication([four, record(5.31, 2.75)]) is four
+    # Measured values carry no breakdown: the best stays.
+    measured = record(5.3, None)
+    assert least_communication([measured, four]) is measured
+
+
 def test_pick_winner_keeps_the_baseline_unless_the_search_is_significantly_faster():
     from shardsearch.search.finish import pick_winner
 
