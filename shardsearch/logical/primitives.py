@@ -26,8 +26,8 @@ _ELEMENTWISE = _words("""
     cumlogsumexp cumprod cumsum digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt
     igamma igamma_grad_a igammac imag integer_pow is_finite le lgamma log log1p logistic lt
     max mesh_cast min mul ne neg nextafter not one_minus_square or polygamma population_count
-    pow pvary real
-    reduce_precision regularized_incomplete_beta rem reshard rev round rsqrt select_n
+    pow pvary real reduce_precision regularized_incomplete_beta rem reshard rev round rsqrt
+    select_n
     sharding_constraint shift_left shift_right_arithmetic shift_right_logical sign sin sinh
     sort sqrt square stop_gradient sub tan tanh threefry2x32 xor zeta random_gamma_grad
     """)
