@@ -25,14 +25,15 @@ import shardsearch as ss
 
 ss.use_cpu_devices(1)
 
+from run import hlo_name  # noqa: E402 - beside this file
+
 from shardsearch.search import ProgramCost, Topology, target_of  # noqa: E402
 
-GiB, MB = 2**30, 10**6
+GiB = 2**30
 COMMANDS = {
     "device": "python benchmarks/h200/run.py device OUT --budget 360",
     "profile": "python benchmarks/h200/run.py profile OUT",
 }
-GEMM = ("gemm", "nvjet", "cutlass", "xmma", "matmul", "cublas")
 
 
 def priced(hlo: str) -> dict:
@@ -56,10 +57,6 @@ def hlo_texts(raw: Path) -> dict[str, str]:
                 texts[Path(member.name).name.removesuffix(".txt.gz")] = gzip.decompress(
                     data).decode()
     return texts
-
-
-def file_key(label: str, variant: str) -> str:
-    return f"{label}.{variant.replace(' ', '.').replace(',', '.')}"
 
 
 def gib(n) -> str:
@@ -130,8 +127,8 @@ def timing_table(device: dict, texts: dict[str, str]) -> tuple[list[str], dict]:
              "measured / estimate (device program) |", "|---|---|---|---|---|"]
     estimates = {}
     for k, dev in device.items():
-        e_dl = priced(texts[file_key("deviceless", k)])
-        e_dev = priced(texts[file_key("device", k)])
+        e_dl = priced(texts[hlo_name("deviceless", k)])
+        e_dev = priced(texts[hlo_name("device", k)])
         estimates[k] = {"deviceless": e_dl, "device": e_dev}
         times = dev.get("step_times") or []
         measured = (f"{statistics.median(times):.4f} ({min(times):.4f}–{max(times):.4f})"

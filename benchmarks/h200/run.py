@@ -61,11 +61,15 @@ VARIANTS = (
     ("llama-1b", {"microbatches": 2}),
 )
 WARMUP, TIMED = 3, 10
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 def key(name: str, knobs: dict) -> str:
     return name + ("" if not knobs else " " + ",".join(f"{k}={v}" for k, v in knobs.items()))
+
+
+def hlo_name(label: str, variant: str) -> str:
+    """The file name (without `.txt.gz`) of a variant's HLO from one phase."""
+    return f"{label}.{variant.replace(' ', '.').replace(',', '.')}"
 
 
 def get(name: str):
@@ -134,8 +138,7 @@ def compile_all(out: Path, mesh, label: str, run: bool, only: str | None) -> Non
             hlo = compiled.as_text()
             rec["ops"] = ops(hlo)
             (out / "hlo").mkdir(exist_ok=True)
-            with gzip.open(out / "hlo" / f"{label}.{k.replace(' ', '.').replace(',', '.')}.txt.gz",
-                           "wt") as f:
+            with gzip.open(out / "hlo" / f"{hlo_name(label, k)}.txt.gz", "wt") as f:
                 f.write(hlo)
             rec["flops_per_step"] = workload.flops_per_step
             if run:
