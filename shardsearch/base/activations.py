@@ -33,9 +33,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import AbstractMesh, AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import mesh as _mesh
 from .knobs import Knobs
 
 # A rule's value: one mesh axis, several (their product splits the dim), or
@@ -121,10 +122,10 @@ def activation(x: jax.Array, names: Sequence[str | None], *,
     names = tuple(P.UNCONSTRAINED if n in out else n for n in names)
     if active is None or not any(isinstance(n, str) and n in active.rules for n in names):
         return x
-    # Auto axes, said outright: jax 0.11 makes an AbstractMesh's axes Explicit
-    # by default, and refuses P.UNCONSTRAINED on those.
-    mesh = AbstractMesh(tuple(s for _, s in active.axes), tuple(a for a, _ in active.axes),
-                        axis_types=(AxisType.Auto,) * len(active.axes))
+    # Auto axes (`abstract_mesh`): jax 0.11 makes an AbstractMesh's axes
+    # Explicit by default, and refuses P.UNCONSTRAINED on those.
+    mesh = _mesh.abstract_mesh(tuple(s for _, s in active.axes),
+                               tuple(a for a, _ in active.axes))
     return jax.lax.with_sharding_constraint(
         x, NamedSharding(mesh, placement(names, active.rules, unnamed_whole=unnamed_whole,
                                          reserved=_RESERVED.get())))
