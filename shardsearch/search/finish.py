@@ -120,7 +120,7 @@ def finish(
     confirmation: dict[str, Any] = {}
     verdict = "unconfirmed"
     winner = estimated_winner(finalists[0], base_records[0] if base_records else None)
-    if winner is finalists[0] and winner not in base_records:
+    if winner.label == "search" or is_variant(winner.label):
         close = [r for r in by_fp.values()
                  if r.outcome.value <= winner.outcome.value * (1 + ESTIMATE_MARGIN) and usable(r)]
         winner = least_communication(close)
