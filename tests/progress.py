@@ -42,10 +42,16 @@ def signal_mid_trial(process, read_trials, sig=signal.SIGKILL, tries=500, pause=
     after the progress bar once let a trial finish and the next not start
     yet on a loaded CI machine, and kill -9 caught no trial. A caught signal
     is handled when the process wakes. A read refused because the frozen
-    process holds SQLite's write lock counts as not seen.
+    process holds SQLite's write lock counts as not seen. Between looks the
+    process runs at least as long as the last look froze it: a PostgreSQL
+    read takes far longer than `pause`, and a process frozen nearly all the
+    time barely reaches its next trial, while the other worker of a test
+    runs freely and can finish all of its trials, leaving none to end the
+    killed one's (seen once on CI: the killed trial stayed RUNNING).
     """
     for _ in range(tries):
         process.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
         try:
             running = [t.number for t in read_trials() if t.state == TrialState.RUNNING
                        and (t.user_attrs.get(OWNER_ATTR) or {}).get("pid") == process.pid]
@@ -56,7 +62,7 @@ def signal_mid_trial(process, read_trials, sig=signal.SIGKILL, tries=500, pause=
             process.send_signal(signal.SIGCONT)
             return running[0]
         process.send_signal(signal.SIGCONT)
-        time.sleep(pause)
+        time.sleep(max(pause, time.monotonic() - frozen))
     process.kill()
     process.communicate()
     raise AssertionError(f"pid {process.pid} was never caught running a trial "
