@@ -729,13 +729,29 @@ SLICING = """\
             512 + 512 + 4,
         ),  # updates the buffer in place: the row in, the row out
         (
+            # The same fusion, asynchronous, as jax 0.11's GPU compiler runs a
+            # scan's slices: its shape is ((operands), result, context).
+            "%i = s32[] parameter(1)\n  %r = ((f32[8,128]{1,0}, s32[]), f32[128]{0}, u32[]) "
+            "fusion-start(%p, %i), kind=kLoop, calls=%take_row\n  "
+            "%d = f32[128]{0} fusion-done(%r)",
+            512 + 512 + 4,
+        ),
+        (
+            "%i = s32[] parameter(1)\n  %v = f32[128]{0} parameter(2)\n  "
+            "%u = ((f32[8,128]{1,0}, f32[128]{0}, s32[]), f32[8,128]{1,0}, u32[]) "
+            "fusion-start(%p, %v, %i), kind=kLoop, calls=%put_row\n  "
+            "%d = f32[8,128]{1,0} fusion-done(%u)",
+            512 + 512 + 4,
+        ),
+        (
             "%t = (f32[8,128]{1,0}, f32[8,128]{1,0}) tuple(%p, %p)\n  "
             "%g = f32[8,128]{1,0} get-tuple-element(%t), index=0\n  "
             "%b = f32[128,8]{0,1} bitcast(%g)",
             0,
         ),
     ],
-    ids=["elementwise", "slice", "dynamic-slice fusion", "in-place update fusion", "plumbing"],
+    ids=["elementwise", "slice", "dynamic-slice fusion", "in-place update fusion",
+         "async dynamic-slice fusion", "async in-place update fusion", "plumbing"],
 )
 def test_bytes_accessed_per_instruction(line, expected):
     hlo = cost(module(line, computations=SLICING))

@@ -280,7 +280,8 @@ class HloCost:
 
     Bytes follow XLA's rules for ``bytes accessed``: each instruction of a
     computation that is not fused reads its operands and writes its result;
-    a fusion reads only the slices it takes of an operand that it only
+    a fusion (or an asynchronous ``fusion-start``, whose ``-done`` moves
+    nothing more) reads only the slices it takes of an operand that it only
     slices, nothing of a buffer it updates in place, and writes only the
     update of a ``dynamic-update-slice`` root. Buffer plumbing (parameters,
     tuples, bitcasts, loops and calls themselves) moves nothing.
@@ -784,6 +785,10 @@ _NO_TRAFFIC = frozenset(
     }
 )  # fmt: skip
 _SLICES = frozenset({"slice", "dynamic-slice"})
+# A fusion, and its asynchronous form (newer GPU compilers run a loop's
+# dynamic-slice fusions as `fusion-start`/`fusion-done` pairs): both read and
+# write what their fused computation does, the `-done` nothing more.
+_FUSIONS = frozenset({"fusion", "fusion-start"})
 
 
 def _traffic(
@@ -800,7 +805,7 @@ def _traffic(
         return 2 * _bytes(instruction.shape, instruction.line)
     if opcode == "dynamic-update-slice":  # in place: only the update moves
         return 2 * _operand_bytes(instruction, 1, computation)
-    if opcode == "fusion":
+    if opcode in _FUSIONS:
         callee = CALLS.search(instruction.attrs)
         if callee is not None:
             fused = module.computations[callee["name"]]
@@ -830,7 +835,7 @@ def _fusion_traffic(
     if root is not None and root.opcode == "dynamic-update-slice":
         traffic = _operand_bytes(root, 1, fused)
     else:
-        traffic = _bytes(fusion.shape, fusion.line)
+        traffic = _fusion_output_bytes(fusion)
     for index in range(len(fusion.operands)):
         readers = _readers(params.get(index), users)
         if readers and all(r.opcode in _SLICES and r.operands[0] == via for r, via in readers):
@@ -842,6 +847,19 @@ def _fusion_traffic(
         else:
             traffic += _operand_bytes(fusion, index, computation)
     return traffic
+
+
+def _fusion_output_bytes(fusion: Instruction) -> int:
+    """Bytes a fusion writes. A `fusion-start`'s shape is the tuple
+    ((its operands), its result, a context): only the result is written (the
+    operands are the buffers it reads, counted as such)."""
+    if fusion.opcode == "fusion":
+        return _bytes(fusion.shape, fusion.line)
+    shape = _parse_shape(fusion.shape, fusion.line)
+    if not isinstance(shape, list) or len(shape) < 2:
+        raise ValueError(f"expected ((operands), result, context) as the shape of "
+                         f"HLO line {fusion.line!r}")
+    return _total(shape[1])
 
 
 def _readers(
