@@ -133,9 +133,9 @@ def test_each_async_pair_is_one_collective(platform, name, shape):
         assert opcodes.count(f"{kind}-done") == starts
         found = [c for c in summary.collectives if c.kind == kind]
         assert len(found) == starts + opcodes.count(kind), kind
-    if platform == "gpu":  # the GPU compiler makes its all-reduces asynchronous
+    if platform == "gpu":  # the GPU compiler makes all-reduces asynchronous (jax 0.11's
+        # leaves some synchronous beside them: each counted once, as above)
         assert opcodes.count("all-reduce-start") > 0
-        assert opcodes.count("all-reduce") == 0
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
