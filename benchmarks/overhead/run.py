@@ -303,6 +303,13 @@ def main() -> None:
                "traced": traced_run, "trials_asked": a.trials}
         if traced_run:
             run["breakdown"] = breakdown(found["dumps"])
+            seen, evaluated = run["breakdown"]["evaluated"], run["split"]["evaluated"]
+            if seen != evaluated:  # every part would read 0, or be short
+                raise SystemExit(
+                    f"the timers saw {seen} evaluated trials of the study's {evaluated}: "
+                    "hook/sitecustomize.py did not time the process that evaluated them "
+                    "(started in a way it does not know?); dumps of "
+                    f"{sorted(d['role'] for d in found['dumps'])}")
         runs.append(run)
         s = run["split"]
         print(f"{'traced ' if traced_run else ''}run: {s['evaluated']} evaluated trials, "

@@ -192,17 +192,38 @@ def _install(folder: str) -> None:
             return spec
 
     sys.meta_path.insert(0, Finder())
-    # The worker is `python -c ... READ_FD WRITE_FD PAYLOAD` (`execution/isolate.py`).
+    # A worker is `python -c ... READ_FD WRITE_FD PAYLOAD` (`execution/isolate.py`),
+    # or forked from the spawner's helper, `python -c ... SOCKET_FD`
+    # (`execution/spawner.py`), which imports the modules (patched here as they
+    # load) and forks each worker: the child is a worker from the fork on, and
+    # leaves through `os._exit`, which runs no atexit hook.
     worker = sys.argv[:1] == ["-c"] and sys.argv[-1].endswith("payload.pkl")
-    role = "worker" if worker else "study"
-    started = time.perf_counter()
+    helper = sys.argv[:1] == ["-c"] and len(sys.argv) == 2
+    state = {"role": "worker" if worker else "helper" if helper else "study",
+             "started": time.perf_counter()}
 
     def dump() -> None:
-        out = {"role": role, "argv": sys.argv, "wall": time.perf_counter() - started,
+        role = state["role"]
+        out = {"role": role, "argv": sys.argv, "wall": time.perf_counter() - state["started"],
                "missing": missing, "totals": totals, "events": events}
         with open(os.path.join(folder, f"{role}-{os.getpid()}.json"), "w") as f:
             json.dump(out, f, indent=1)
 
+    def forked() -> None:
+        if state["role"] == "helper":
+            state.update(role="worker", started=time.perf_counter())
+            totals.clear()
+            events.clear()
+
+    real_exit = os._exit
+
+    def exit_(code: int) -> None:
+        if state["role"] == "worker":
+            dump()
+        real_exit(code)
+
+    os.register_at_fork(after_in_child=forked)
+    os._exit = exit_
     atexit.register(dump)
 
 
