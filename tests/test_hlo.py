@@ -744,6 +744,18 @@ SLICING = """\
             512 + 512 + 4,
         ),
         (
+            # The TPU compiler's asynchronous slice, printed as libtpu does.
+            "%s = ((f32[8,128]{1,0:T(8,128)}), f32[2,128]{1,0:T(8,128)S(1)}, s32[]{:S(2)}) "
+            "slice-start(%p), slice={[0:2], [0:128]}\n  "
+            "%d = f32[2,128]{1,0:T(8,128)S(1)} slice-done(%s)",
+            2 * 1024,
+        ),
+        (
+            "%c = (f32[8,128]{1,0:S(1)}, f32[8,128]{1,0}, u32[]{:S(2)}) copy-start(%p)\n  "
+            "%d = f32[8,128]{1,0:S(1)} copy-done(%c)",
+            2 * 4096,
+        ),
+        (
             "%t = (f32[8,128]{1,0}, f32[8,128]{1,0}) tuple(%p, %p)\n  "
             "%g = f32[8,128]{1,0} get-tuple-element(%t), index=0\n  "
             "%b = f32[128,8]{0,1} bitcast(%g)",
@@ -751,7 +763,8 @@ SLICING = """\
         ),
     ],
     ids=["elementwise", "slice", "dynamic-slice fusion", "in-place update fusion",
-         "async dynamic-slice fusion", "async in-place update fusion", "plumbing"],
+         "async dynamic-slice fusion", "async in-place update fusion", "async slice",
+         "async copy", "plumbing"],
 )
 def test_bytes_accessed_per_instruction(line, expected):
     hlo = cost(module(line, computations=SLICING))

@@ -52,7 +52,7 @@ import math
 import operator
 import re
 
-from .hlo_graph import Computation, Instruction, Module, closing, parse_module
+from .hlo_graph import Computation, Instruction, Module, closing, parse_module, split_top
 from .hlo_types import ARRAY, CALLS, ELEMENT_BITS, callers, matmul_dtype
 from .replica_groups import Groups, permute_pairs, replica_groups
 
@@ -280,10 +280,11 @@ class HloCost:
 
     Bytes follow XLA's rules for ``bytes accessed``: each instruction of a
     computation that is not fused reads its operands and writes its result;
-    a fusion (or an asynchronous ``fusion-start``, whose ``-done`` moves
-    nothing more) reads only the slices it takes of an operand that it only
+    a fusion reads only the slices it takes of an operand that it only
     slices, nothing of a buffer it updates in place, and writes only the
-    update of a ``dynamic-update-slice`` root. Buffer plumbing (parameters,
+    update of a ``dynamic-update-slice`` root. An asynchronous ``-start``
+    moves what its synchronous form would (a ``slice-start`` its slice, a
+    ``copy-start`` one copy), its ``-done`` nothing. Buffer plumbing (parameters,
     tuples, bitcasts, loops and calls themselves) moves nothing.
 
     Attributes:
@@ -785,10 +786,6 @@ _NO_TRAFFIC = frozenset(
     }
 )  # fmt: skip
 _SLICES = frozenset({"slice", "dynamic-slice"})
-# A fusion, and its asynchronous form (newer GPU compilers run a loop's
-# dynamic-slice fusions as `fusion-start`/`fusion-done` pairs): both read and
-# write what their fused computation does, the `-done` nothing more.
-_FUSIONS = frozenset({"fusion", "fusion-start"})
 
 
 def _traffic(
@@ -801,11 +798,17 @@ def _traffic(
     opcode = instruction.opcode
     if opcode in _NO_TRAFFIC or opcode.endswith("-done"):  # a -start counted it
         return 0
+    if opcode.endswith("-start"):
+        if opcode == "copy-start":  # (destination, source, context): one copy
+            return 2 * _total(_parse_shape(instruction.shape, instruction.line)[0])
+        synchronous = _as_synchronous(instruction)
+        if synchronous is not None:
+            return _traffic(synchronous, computation, module, uses)
     if opcode in _SLICES:
         return 2 * _bytes(instruction.shape, instruction.line)
     if opcode == "dynamic-update-slice":  # in place: only the update moves
         return 2 * _operand_bytes(instruction, 1, computation)
-    if opcode in _FUSIONS:
+    if opcode == "fusion":
         callee = CALLS.search(instruction.attrs)
         if callee is not None:
             fused = module.computations[callee["name"]]
@@ -835,7 +838,7 @@ def _fusion_traffic(
     if root is not None and root.opcode == "dynamic-update-slice":
         traffic = _operand_bytes(root, 1, fused)
     else:
-        traffic = _fusion_output_bytes(fusion)
+        traffic = _bytes(fusion.shape, fusion.line)
     for index in range(len(fusion.operands)):
         readers = _readers(params.get(index), users)
         if readers and all(r.opcode in _SLICES and r.operands[0] == via for r, via in readers):
@@ -849,17 +852,19 @@ def _fusion_traffic(
     return traffic
 
 
-def _fusion_output_bytes(fusion: Instruction) -> int:
-    """Bytes a fusion writes. A `fusion-start`'s shape is the tuple
-    ((its operands), its result, a context): only the result is written (the
-    operands are the buffers it reads, counted as such)."""
-    if fusion.opcode == "fusion":
-        return _bytes(fusion.shape, fusion.line)
-    shape = _parse_shape(fusion.shape, fusion.line)
-    if not isinstance(shape, list) or len(shape) < 2:
-        raise ValueError(f"expected ((operands), result, context) as the shape of "
-                         f"HLO line {fusion.line!r}")
-    return _total(shape[1])
+def _as_synchronous(start: Instruction) -> Instruction | None:
+    """The instruction an asynchronous ``<op>-start`` runs, as if it ran
+    synchronously: ``<op>`` with the start's result for its shape. Such a start
+    (the TPU compiler's ``slice-start``, newer GPU compilers' ``fusion-start``
+    of a loop's dynamic slices) has the shape ``((its operands), its result,
+    context...)``; read as an instruction of its own it would write its
+    operands again. None for a start of another shape (``all-reduce-start``
+    is its result alone), which is counted as it is."""
+    parts = split_top(start.shape.strip()[1:-1]) if start.shape.lstrip().startswith("(") else []
+    if len(parts) < 2 or not parts[0].lstrip().startswith("("):
+        return None
+    return dataclasses.replace(start, opcode=start.opcode.removesuffix("-start"),
+                               shape=parts[1].strip())
 
 
 def _readers(
