@@ -798,9 +798,10 @@ def _traffic(
     opcode = instruction.opcode
     if opcode in _NO_TRAFFIC or opcode.endswith("-done"):  # a -start counted it
         return 0
+    if opcode == "copy-start":  # (destination, source, context): one copy
+        shape = _parse_shape(instruction.shape, instruction.line)
+        return 2 * _total(shape[0] if isinstance(shape, list) and shape else shape)
     if opcode.endswith("-start"):
-        if opcode == "copy-start":  # (destination, source, context): one copy
-            return 2 * _total(_parse_shape(instruction.shape, instruction.line)[0])
         synchronous = _as_synchronous(instruction)
         if synchronous is not None:
             return _traffic(synchronous, computation, module, uses)
