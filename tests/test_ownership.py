@@ -11,6 +11,7 @@ raised, ending its whole `optimize`.
 from __future__ import annotations
 
 import datetime
+import os
 import subprocess
 import sys
 import time
@@ -59,9 +60,12 @@ def test_a_run_in_another_time_zone_does_not_fail_a_colleagues_live_trial(tmp_pa
     code = ("import optuna; from shardsearch.search.study import ownership as o; "
             f"s = optuna.load_study(study_name='s', storage={storage!r}); "
             "print(o.fail_stale_trials(s))")
+    # Only the time zone differs; where the packages are found (a PYTHONPATH,
+    # as on a machine whose packages are not installed) stays.
+    env = {"TZ": "America/Los_Angeles", "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu",
+           **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={"TZ": "America/Los_Angeles", "PATH": "/usr/bin:/bin",
-                               "JAX_PLATFORMS": "cpu"}, timeout=120, check=True)
+                          env=env, timeout=120, check=True)
     assert done.stdout.strip() == "[]"
     assert study.trials[trial.number].state == TrialState.RUNNING
 
