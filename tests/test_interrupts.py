@@ -5,6 +5,7 @@ signal on one study: each run must exit with its code (130, 143) and no C++
 abort, its running trial failed as "interrupted", nothing left RUNNING.
 """
 
+import re
 import signal
 import subprocess
 import sys
@@ -58,17 +59,24 @@ def test_a_signal_mid_study_exits_cleanly_every_time(sig, code, word, tmp_path):
         signal_mid_trial(process, lambda: _trials(storage), sig)
         _, rest = process.communicate(timeout=300)
         err = (seen + rest).decode(errors="replace")
-        assert process.returncode == code, err[-3000:]
+        # What a failed assertion shows: stderr without the progress bar's redraws.
+        said = "\n".join(line for line in re.split(r"[\r\n]", err)
+                         if line.strip() and "trial/s" not in line)[-3000:]
+        assert process.returncode == code, said
         assert f"shardsearch optimize: {word}; finished trials are kept in the study, the " \
                "same command resumes it" in err
         for crash in ("Traceback", "terminate called", "FATAL", "Aborted"):
-            assert crash not in err, err[-3000:]
+            assert crash not in err, said
         trials = _trials(storage)
         table = [(t.number, t.state.name, t.user_attrs.get("label"), t.user_attrs.get("reason"))
                  for t in trials]
-        assert [t.number for t in trials if t.state == TrialState.RUNNING] == [], (run, table)
+        # With the run's last words: a trial left RUNNING was seen once on CI
+        # (exit 143, trial 9 of the third run) and the reason was not printed.
+        # (A message that is a string is printed whole, a tuple's repr cut short.)
+        assert [t.number for t in trials if t.state == TrialState.RUNNING] == [], \
+            f"run {run}: {table}\n{said}"
         # This run's trial and each earlier run's; what they finished is kept.
-        assert len(_interrupted(trials)) == run, (run, table, err[-2000:])
+        assert len(_interrupted(trials)) == run, f"run {run}: {table}\n{said}"
         assert sum(t.state == TrialState.COMPLETE for t in trials) >= 2 * run
 
 
