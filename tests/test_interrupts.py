@@ -18,8 +18,13 @@ from optuna.trial import TrialState
 from progress import after_trials, signal_mid_trial
 
 import shardsearch as ss
-from shardsearch.cli.main import Terminated, handle_signals
-from shardsearch.search.study.ownership import interrupts_deferred
+from shardsearch.base.interrupts import (
+    Terminated,
+    handle_signals,
+    interruptible,
+    interrupts_deferred,
+    raise_if_signalled,
+)
 from shardsearch.workloads import get_workload
 
 TRIALS = 60  # more than any test lets finish
@@ -128,3 +133,115 @@ def test_an_interrupt_is_held_until_the_trial_has_its_owner():
             done.append("the block ran to its end")
         done.append("not reached")
     assert done == ["the block ran to its end"]
+
+
+class _SignalsWhenCollected:
+    """Sends `sig` to this process from its finalizer: the handler's exception
+    is raised inside `__del__`, where CPython prints it and drops it (as when
+    SQLAlchemy's or JAX's gc callbacks run as the signal comes)."""
+
+    def __init__(self, sig):
+        self.sig = sig
+
+    def __del__(self):
+        signal.raise_signal(self.sig)
+
+
+def _dropped(monkeypatch):
+    """The exceptions CPython drops from finalizers from now on (it would
+    print them as "Exception ignored in")."""
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+    return dropped
+
+
+def test_a_signal_whose_exception_a_finalizer_swallowed_is_raised_again(monkeypatch):
+    dropped, done = _dropped(monkeypatch), []
+    with pytest.raises(Terminated), handle_signals():
+        _SignalsWhenCollected(signal.SIGTERM)  # collected at once
+        done.append("ran on: the exception was dropped")
+        raise_if_signalled()
+        done.append("not reached")
+    assert done == ["ran on: the exception was dropped"]
+    assert dropped == [Terminated]  # swallowed, then raised again
+    # Nor can a block that never meets a check point end as if nothing came.
+    with pytest.raises(KeyboardInterrupt), handle_signals():
+        _SignalsWhenCollected(signal.SIGINT)
+    raise_if_signalled()  # outside `handle_signals`: nothing is remembered
+
+
+def test_interruptible_lets_signals_through_inside_a_deferral():
+    order = []
+    with pytest.raises(Terminated), handle_signals(), interrupts_deferred():
+        signal.raise_signal(signal.SIGTERM)
+        order.append("held")
+        with interruptible():  # the held signal is raised as the block starts
+            order.append("not reached")
+    assert order == ["held"]
+    with pytest.raises(KeyboardInterrupt), handle_signals(), interrupts_deferred(), \
+            interruptible():
+        with interrupts_deferred():  # storage work inside: held again
+            signal.raise_signal(signal.SIGINT)
+            order.append("held inside")
+        order.append("not reached")
+    assert order == ["held", "held inside"]
+    with pytest.raises(KeyboardInterrupt), handle_signals(), interrupts_deferred():
+        signal.raise_signal(signal.SIGINT)
+        raise_if_signalled()  # a check point delivers what the block holds
+        order.append("not reached")
+    assert order == ["held", "held inside"]
+
+
+def _optimize_signalled(tmp_path, monkeypatch, where, sig):
+    """`optimize` under `handle_signals`, with `sig` sent from `where` (a
+    function of the loop, wrapped) on its second call; the study's trials."""
+    import shardsearch.search.loop as loop
+
+    real, calls = getattr(loop, where), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(sig)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, where, wrapped)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    with pytest.raises(KeyboardInterrupt), handle_signals():
+        ss.optimize(get_workload("mlp:tiny"), mesh=ss.create_mesh((2, 4), ("dp", "tp")),
+                    n_trials=20, storage=storage, study_name="sig", objective="static",
+                    space="rules", confirm_rounds=0, quiet=True, isolate=False)
+    return _trials(storage)
+
+
+def test_a_signal_swallowed_mid_trial_still_ends_that_trial_as_interrupted(
+        tmp_path, monkeypatch):
+    import shardsearch.search.loop as loop
+
+    dropped = _dropped(monkeypatch)
+    real = loop._evaluate.evaluate
+
+    def evaluate(*args, **kwargs):
+        _SignalsWhenCollected(signal.SIGTERM)  # the exception is dropped in `__del__`
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop._evaluate, "evaluate", evaluate)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    with pytest.raises(Terminated), handle_signals():
+        ss.optimize(get_workload("mlp:tiny"), mesh=ss.create_mesh((2, 4), ("dp", "tp")),
+                    n_trials=20, storage=storage, study_name="sig", objective="static",
+                    space="rules", confirm_rounds=0, quiet=True, isolate=False)
+    trials = _trials(storage)
+    # The first evaluated trial ran to its end, then was failed as interrupted.
+    assert dropped == [Terminated]
+    assert [t.state for t in trials] == [TrialState.FAIL]
+    assert len(_interrupted(trials)) == 1
+
+
+def test_a_signal_during_the_storage_writes_waits_for_them(tmp_path, monkeypatch):
+    # `record_attrs` runs inside the writes of the trial's record: the signal
+    # is held until they are done, so the trial is kept whole, not cut mid-write.
+    trials = _optimize_signalled(tmp_path, monkeypatch, "record_attrs", signal.SIGTERM)
+    assert [t.state for t in trials if t.state == TrialState.RUNNING] == []
+    assert len(trials) == 2 and _interrupted(trials) == []
+    assert all(t.user_attrs.get("outcome") for t in trials)  # every write landed

@@ -65,7 +65,7 @@ def run(a: argparse.Namespace) -> int:
           "Ctrl-C stops it", flush=True)
     try:
         server.serve_forever()
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`main.Terminated`)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`base.interrupts.Terminated`)
         raise type(stop)("the dashboard stopped; the storage is as it was") from None
     finally:
         server.server_close()

@@ -18,14 +18,14 @@ in a thread makes the console script leave without Python's shutdown (see
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from .._version import __version__
+from ..base.interrupts import Terminated, handle_signals
 from . import bench, calibrate, confirm, dashboard, explain, export, launch, optimize, show
 from .args import Command, UsageError, WorkFailed
 
@@ -44,44 +44,6 @@ COMMANDS: tuple[Command, ...] = (optimize.COMMAND, export.COMMAND, show.COMMAND,
                                  confirm.COMMAND, launch.COMMAND, dashboard.COMMAND)
 # The shell's convention, 128 + the signal's number.
 INTERRUPTED, TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt,
-    so that whatever cleans up after Ctrl-C cleans up after SIGTERM too."""
-
-
-@contextlib.contextmanager
-def handle_signals() -> Iterator[None]:
-    """While inside: SIGINT raises KeyboardInterrupt and SIGTERM `Terminated`
-    in the main thread. A second signal, while the first one's cleanup runs,
-    ends the process at once with the first one's exit code. Elsewhere than
-    in the main thread (where Python cannot set handlers) it changes nothing.
-
-    Example:
-      >>> with handle_signals():
-      ...     run()   # `kill PID` raises Terminated here
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    first: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        if first:
-            sys.stderr.write("shardsearch: interrupted again; stopping without cleaning up\n")
-            sys.stderr.flush()
-            os._exit(first[0])
-        first.append(128 + signum)
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            # None: a handler set outside Python, which Python cannot put back.
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ import optuna
 
 from ..base import activations as _activations
 from ..base import mesh as _mesh
+from ..base.interrupts import interruptible, interrupts_deferred, raise_if_signalled
 from ..base.knobs import Knobs
 from ..base.warnings import ShardsearchWarning, warn_notes
 from .evaluation import evaluate as _evaluate
@@ -48,7 +49,6 @@ from .study.ownership import (
     BaselineClaims,
     Heartbeat,
     fail_stale_trials,
-    interrupts_deferred,
     mark_interrupted,
 )
 from .study.record import (
@@ -461,13 +461,16 @@ class _Runner:
             for _ in range(n_trials):
                 if timeout is not None and time.perf_counter() - start > timeout:
                     break
-                if self.claims.shared:
-                    # A worker killed mid-trial leaves it RUNNING: the others end it.
-                    fail_stale_trials(self.study)
-                self.one(claims, baselines)
-                progress(self.records)
-                if roster is not None:
-                    roster.touch()
+                # Storage work is never cut short by a signal: it is raised
+                # while the candidate compiles or runs, or at a check point.
+                with interrupts_deferred():
+                    if self.claims.shared:
+                        # A worker killed mid-trial leaves it RUNNING: the others end it.
+                        fail_stale_trials(self.study)
+                    self.one(claims, baselines)
+                    progress(self.records)
+                    if roster is not None:
+                        roster.touch()
         finally:
             progress(None)
         if self.claims.shared:
@@ -486,10 +489,13 @@ class _Runner:
     def one(self, claims: BaselineClaims, baselines: Mapping[str, Candidate]) -> TrialRecord:
         trial = None
         try:
-            with interrupts_deferred():  # a trial is never left without its owner
+            # A trial is never left without its owner; signals come through
+            # while its candidate is evaluated, or at `record`.
+            with interrupts_deferred():
+                raise_if_signalled()
                 trial, name = claims.ask()
-            with Heartbeat(trial) as beat:
-                record = self._one(trial, baselines[name] if name is not None else None)
+                with Heartbeat(trial) as beat:
+                    record = self._one(trial, baselines[name] if name is not None else None)
             beat.check()  # a storage gone for a minute ends the run here, with one line
             return record
         except KeyboardInterrupt:
@@ -537,7 +543,7 @@ class _Runner:
             estimates = recorded_estimates(trials) if self.ctx.objective.needs_estimates else ()
             ratios = memory_ratios(trials, candidate.knobs) if scales else ()
             # Recorded by the executor if it ends stuck in this candidate.
-            with self.ctx.executor.guard(
+            with interruptible(), self.ctx.executor.guard(
                     lambda failed: self.record(trial, candidate, failed, start)):
                 outcome = _evaluate.evaluate(specs, fp, self.ctx.with_setting(candidate.knobs),
                                              report, estimates=estimates, ratios=ratios)
@@ -572,6 +578,8 @@ class _Runner:
         left as that run wrote it, with a `TrialTakenWarning`; the outcome
         stays in this run's cache, so the candidate is not evaluated again.
         """
+        # A signal held or swallowed while the trial ran: it ends as interrupted.
+        raise_if_signalled()
         with self._recording:
             if trial.number in self._recorded:
                 return self._recorded[trial.number]
@@ -609,8 +617,8 @@ def _reuse(outcome: Outcome) -> Outcome:
 
 def _reporter(trial: optuna.Trial) -> Callable[[int, float], bool]:
     def report(i: int, seconds: float) -> bool:
-        trial.report(seconds, i)
-        with warnings.catch_warnings():
+        with interrupts_deferred(), warnings.catch_warnings():
+            trial.report(seconds, i)
             # The Wilcoxon pruner warns while it has too few paired steps.
             warnings.simplefilter("ignore")
             return trial.should_prune()

@@ -26,14 +26,13 @@ rather than after a grace period, and records why the trial failed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import gc
 import os
-import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -246,38 +245,9 @@ def mark_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
                 raise
             # The interrupt may have cut a write short and left its session
             # holding the database (SQLite: "database is locked"): start over
-            # on fresh connections.
+            # on fresh connections, once the cut cursor's finalizer has run.
             close_storage(study)
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Holds SIGINT and SIGTERM back inside the block and delivers the first
-    one after it, to the handler there was before.
-
-    Creating a trial and naming its owner must not be split by Ctrl-C: the
-    trial would stay RUNNING with no owner, and only the grace period would
-    tell it was abandoned. Outside the main thread (where Python runs no
-    signal handlers) it changes nothing.
-
-    Example:
-      >>> with interrupts_deferred():
-      ...     trial = study.ask()   # a Ctrl-C here raises after the block
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            # None: a handler set outside Python, which Python cannot put back.
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        if held:
-            signal.raise_signal(held[0])
+            gc.collect()
 
 
 class StorageLost(RuntimeError):
