@@ -756,6 +756,19 @@ SLICING = """\
             2 * 4096,
         ),
         (
+            # One operand, not a tuple of them: (operand, result, context...).
+            "%c = (f32[8,128]{1,0}, f32[8,128]{1,0}, u32[], u32[]) collective-permute-start(%p), "
+            "source_target_pairs={{0,1},{1,0}}\n  "
+            "%d = f32[8,128]{1,0} collective-permute-done(%c)",
+            2 * 4096,
+        ),
+        (
+            "%g = (f32[8,128]{1,0}, f32[32,128]{1,0}) all-gather-start(%p), "
+            "replica_groups={{0,1,2,3}}, dimensions={0}\n  "
+            "%d = f32[32,128]{1,0} all-gather-done(%g)",
+            4096 + 4 * 4096,
+        ),
+        (
             "%t = (f32[8,128]{1,0}, f32[8,128]{1,0}) tuple(%p, %p)\n  "
             "%g = f32[8,128]{1,0} get-tuple-element(%t), index=0\n  "
             "%b = f32[128,8]{0,1} bitcast(%g)",
@@ -764,7 +777,7 @@ SLICING = """\
     ],
     ids=["elementwise", "slice", "dynamic-slice fusion", "in-place update fusion",
          "async dynamic-slice fusion", "async in-place update fusion", "async slice",
-         "async copy", "plumbing"],
+         "async copy", "async collective-permute", "async all-gather", "plumbing"],
 )
 def test_bytes_accessed_per_instruction(line, expected):
     hlo = cost(module(line, computations=SLICING))

@@ -581,16 +581,8 @@ def _collective(
         size = _total(_parse_shape(instruction.shape, instruction.line))
     elif opcode in _START_OPCODES:
         kind = _START_OPCODES[opcode]
-        shape = _parse_shape(instruction.shape, instruction.line)
-        # all-reduce-start yields its output(s) directly; every other -start
-        # (and an async wrapper, whose first element is the operand tuple)
-        # yields (operands, output, context...), so the output is element 1.
-        bundled = (
-            isinstance(shape, list)
-            and len(shape) >= 2
-            and (kind != "all-reduce" or isinstance(shape[0], list))
-        )
-        size = _total(shape[1] if bundled else shape)
+        size = _total(_parse_shape(_start_result(instruction) or instruction.shape,
+                                   instruction.line))
     else:
         return None
     if kind == "collective-permute":
@@ -855,17 +847,32 @@ def _fusion_traffic(
 
 def _as_synchronous(start: Instruction) -> Instruction | None:
     """The instruction an asynchronous ``<op>-start`` runs, as if it ran
-    synchronously: ``<op>`` with the start's result for its shape. Such a start
-    (the TPU compiler's ``slice-start``, newer GPU compilers' ``fusion-start``
-    of a loop's dynamic slices) has the shape ``((its operands), its result,
-    context...)``; read as an instruction of its own it would write its
-    operands again. None for a start of another shape (``all-reduce-start``
-    is its result alone), which is counted as it is."""
-    parts = split_top(start.shape.strip()[1:-1]) if start.shape.lstrip().startswith("(") else []
-    if len(parts) < 2 or not parts[0].lstrip().startswith("("):
+    synchronously: ``<op>`` with the start's result for its shape (see
+    `_start_result`); read as an instruction of its own, a start whose shape
+    bundles its operands would write them again. None when the start's shape
+    is its result (``all-reduce-start``), which is counted as it is."""
+    result = _start_result(start)
+    if result is None:
         return None
-    return dataclasses.replace(start, opcode=start.opcode.removesuffix("-start"),
-                               shape=parts[1].strip())
+    return dataclasses.replace(start, opcode=start.opcode.removesuffix("-start"), shape=result)
+
+
+def _start_result(start: Instruction) -> str | None:
+    """The shape of what an asynchronous ``<op>-start`` produces, when its own
+    shape bundles more: ``(operand, result, context...)``, the operand a
+    tuple when there are several (``collective-permute-start``,
+    ``all-gather-start``, the TPU compiler's ``slice-start``, newer GPU
+    compilers' ``fusion-start``). None when the shape is the result itself:
+    ``all-reduce-start``, unless its first element is a tuple of operands
+    (an async wrapper's form). ``copy-start`` is ``(destination, source,
+    context)`` and is not read here."""
+    text = start.shape.strip()
+    parts = split_top(text[1:-1]) if text.startswith("(") else []
+    if len(parts) < 2:
+        return None
+    if start.opcode == "all-reduce-start" and not parts[0].lstrip().startswith("("):
+        return None
+    return parts[1].strip()
 
 
 def _readers(
