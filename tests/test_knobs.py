@@ -587,3 +587,65 @@ def test_after_the_knob_rounds_the_best_plan_moves_its_activation_points(mesh24,
     moved = result.trials[last + 1:last + 1 + len(values)]
     assert all((t.state_rule, t.batch_rule) == (best.state_rule, best.batch_rule) for t in moved)
     assert labels[last + 1 + len(values):] == ["search"] * (18 - last - 1 - len(values))
+
+
+class _ScoredRunner:
+    """Stands in for the loop's runner in `_search`: runs candidates in the
+    order given and scores each by `score(knobs)` (no compile), so the
+    rounds' order can be followed exactly."""
+
+    def __init__(self, score):
+        self.score, self.records, self.ran = score, [], []
+
+    def run(self, candidates, n, timeout, roster):
+        from shardsearch.search.evaluation.outcome import Outcome
+        from shardsearch.search.study.record import TrialRecord
+
+        for label, candidate in list(candidates.items())[:n]:
+            self.ran.append(label)
+            outcome = Outcome(label, "complete", None, value=self.score(dict(candidate.knobs)))
+            self.records.append(TrialRecord(len(self.records), label, {}, outcome,
+                                            candidate.state_rule.to_config(),
+                                            candidate.batch_rule.to_config(), 0.0,
+                                            candidate.knobs))
+        if not candidates:
+            self.ran.extend(["search"] * n)
+
+
+def test_activation_moves_go_on_from_each_better_plan_they_find(mesh24, tmp_path):
+    from shardsearch.search.loop import _search
+
+    result = ss.optimize(get_workload("gpt:tiny"), mesh=mesh24, n_trials=1, objective="static",
+                         knobs=("act_mlp", "act_embed"), warm_start=False,
+                         storage=f"sqlite:///{tmp_path / 's.db'}", study_name="rounds",
+                         quiet=True, isolate=False, space="rules")
+    setup = dataclasses.replace(result.setup, settings=dataclasses.replace(
+        result.setup.settings, n_trials=60, warm_start=True))
+    knobs = setup.context.knobs
+
+    # act_mlp=tp helps alone; with it, act_embed=dp helps too; nothing else does.
+    def score(setting):
+        mlp, embed = setting.get("act_mlp", "auto"), setting.get("act_embed", "auto")
+        return 1.0 - 0.1 * (mlp == "tp") - 0.05 * (mlp == "tp" and embed == "dp")
+
+    runner = _ScoredRunner(score)
+    _search(runner, setup, None)
+    order = list(setup.run_order())
+    root = order[0]  # every baseline scores alike: the first is the best
+
+    def moves(fixed, name, tried=()):  # `name` moved from `fixed`, one axis first, whole last
+        values = [v for v in knobs.searched()[name]
+                  if v not in ("auto", fixed.get(name), *tried)]
+        values.sort(key=lambda v: 2 if v == "-" else 1 if "," in v else 0)
+        return [f"{root}~{setting_text(knobs.setting({**fixed, name: v}))}" for v in values]
+
+    first = list(activation_moves(setup.run_order()[root], knobs))
+    # From the better plan round one found, every act_embed value with it;
+    # from the one round two found, the act_mlp values not run yet; a
+    # round that finds nothing better ends them, and the sampler has the rest.
+    second = moves({"act_mlp": "tp"}, "act_embed")
+    third = moves({"act_embed": "dp"}, "act_mlp", tried=("tp",))
+    assert runner.ran[:len(order)] == order
+    assert runner.ran[len(order):] == first + second + third + ["search"] * (
+        60 - len(order) - len(first) - len(second) - len(third))
+    assert len(second) == 5 and len(third) == 4
