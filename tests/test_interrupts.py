@@ -192,22 +192,11 @@ def test_interruptible_lets_signals_through_inside_a_deferral():
     assert order == ["held", "held inside"]
 
 
-def _optimize_signalled(tmp_path, monkeypatch, where, sig):
-    """`optimize` under `handle_signals`, with `sig` sent from `where` (a
-    function of the loop, wrapped) on its second call; the study's trials."""
-    import shardsearch.search.loop as loop
-
-    real, calls = getattr(loop, where), []
-
-    def wrapped(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            signal.raise_signal(sig)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loop, where, wrapped)
+def _optimize_until(raises, tmp_path):
+    """`optimize` under `handle_signals`, which must end by raising `raises`;
+    the study's trials."""
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    with pytest.raises(KeyboardInterrupt), handle_signals():
+    with pytest.raises(raises), handle_signals():
         ss.optimize(get_workload("mlp:tiny"), mesh=ss.create_mesh((2, 4), ("dp", "tp")),
                     n_trials=20, storage=storage, study_name="sig", objective="static",
                     space="rules", confirm_rounds=0, quiet=True, isolate=False)
@@ -226,12 +215,7 @@ def test_a_signal_swallowed_mid_trial_still_ends_that_trial_as_interrupted(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loop._evaluate, "evaluate", evaluate)
-    storage = f"sqlite:///{tmp_path / 's.db'}"
-    with pytest.raises(Terminated), handle_signals():
-        ss.optimize(get_workload("mlp:tiny"), mesh=ss.create_mesh((2, 4), ("dp", "tp")),
-                    n_trials=20, storage=storage, study_name="sig", objective="static",
-                    space="rules", confirm_rounds=0, quiet=True, isolate=False)
-    trials = _trials(storage)
+    trials = _optimize_until(Terminated, tmp_path)
     # The first evaluated trial ran to its end, then was failed as interrupted.
     assert dropped == [Terminated]
     assert [t.state for t in trials] == [TrialState.FAIL]
@@ -239,9 +223,21 @@ def test_a_signal_swallowed_mid_trial_still_ends_that_trial_as_interrupted(
 
 
 def test_a_signal_during_the_storage_writes_waits_for_them(tmp_path, monkeypatch):
-    # `record_attrs` runs inside the writes of the trial's record: the signal
-    # is held until they are done, so the trial is kept whole, not cut mid-write.
-    trials = _optimize_signalled(tmp_path, monkeypatch, "record_attrs", signal.SIGTERM)
+    import shardsearch.search.loop as loop
+
+    # `record_attrs` runs inside the writes of the trial's record: a SIGTERM
+    # from its second call is held until they are done, so the trial is kept
+    # whole, not cut mid-write.
+    real, calls = loop.record_attrs, []
+
+    def record_attrs(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "record_attrs", record_attrs)
+    trials = _optimize_until(Terminated, tmp_path)
     assert [t.state for t in trials if t.state == TrialState.RUNNING] == []
     assert len(trials) == 2 and _interrupted(trials) == []
     assert all(t.user_attrs.get("outcome") for t in trials)  # every write landed

@@ -34,16 +34,16 @@ COMMAND = "python benchmarks/published-chip/reestimate.py"
 RESULTS = Path("benchmarks/results/published-chip")
 
 
-def winner_estimate(entry, plan_file: Path, storage: str) -> dict:
+def winner_estimate(suite, entry, plan_file: Path, storage: str) -> dict:
     """The winner's estimate and knobs, compiled for the entry's chip."""
-    shape = {axis: int(size) for axis, size in
-             (part.split("=") for part in entry.mesh.split(","))}
+    chip = entry.hardware or suite.hardware
+    dims, names = ss.parse_mesh(entry.mesh)
     dcn = tuple(entry.dcn_axes or ())
-    mesh = ss.target_mesh(entry.hardware, shape, dcn_axes=dcn)
+    mesh = ss.target_mesh(chip, dict(zip(names, dims, strict=True)), dcn_axes=dcn)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the chip-memory advice: not what is compared here
         result = ss.optimize(get_workload(entry.workload_name), mesh=mesh, n_trials=2,
-                             objective="static", hardware=ss.HARDWARE[entry.hardware],
+                             objective="static", hardware=ss.HARDWARE[chip],
                              storage=storage, study_name=entry.id, warm_start=False,
                              start_from=[str(plan_file)], knobs=True, confirm_rounds=0,
                              quiet=True, isolate=False, dcn_axes=dcn)
@@ -70,8 +70,8 @@ def main() -> None:
         storage = f"sqlite:///{Path(scratch) / 'reestimate.db'}"
         for entry in entries:
             print(f"{entry.id}: compiling the winner for {entry.hardware} ...", flush=True)
-            now = winner_estimate(entry, Path("rules/published-chip") / f"{entry.id}.json",
-                                  storage)
+            now = winner_estimate(suite, entry,
+                                  Path("rules/published-chip") / f"{entry.id}.json", storage)
             then = searched[entry.id]["published"]["winner"]
             rows[entry.id] = {"winner": now, "published_estimate": published[entry.id]["estimate"],
                               "results_md": {"estimate": then["estimate"],

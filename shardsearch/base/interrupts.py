@@ -177,6 +177,5 @@ def interruptible() -> Iterator[None]:
     finally:
         _open.pop()
         if deferral is not None:
-            for sig in _SIGNALS:
-                signal.signal(sig, _holder(deferral[1]))
+            _set_handlers(dict.fromkeys(_SIGNALS, _holder(deferral[1])))
     _raise_received()
