@@ -29,7 +29,12 @@ from shardsearch.search import (
     resolve,
 )
 from shardsearch.search.execution.transport import jaxpr_digest
-from shardsearch.search.space.candidate import activation_moves, knob_combinations, knob_variants
+from shardsearch.search.space.candidate import (
+    activation_moves,
+    knob_combinations,
+    knob_variants,
+    plan_moves,
+)
 from shardsearch.workloads import get_workload
 from shardsearch.workloads._activations import ActivationSharding
 from shardsearch.workloads._llama import LlamaConfig
@@ -281,11 +286,20 @@ def test_the_best_baselines_variants_accumulate_and_reduce_once(mesh8):
     w = get_workload("mlp:tiny")
     ctx, _ = make_context(w, None, mesh8, knobs=True)
     dp = baseline_candidates(w, mesh8)["dp"]
-    devices = dp.batch_devices(ctx.abstract_args, {"dp": 8})
-    assert devices == 8
+    rows, devices = dp.batch_split(ctx.abstract_args, {"dp": 8})
+    assert (rows, devices) == (16, 8)
     labels = set(knob_variants(dp, ctx.knobs, (), devices))
     assert labels == {"dp~microbatches=2", "dp~microbatches=4", "dp~microbatches=8",
                       "dp~microbatches=2,grad_groups=8"}  # 4 and 8 leave 4 and 2 rows
+    # Told the batch, only the counts that divide each device's 2 rows.
+    assert set(knob_variants(dp, ctx.knobs, (), devices, rows)) == {
+        "dp~microbatches=2", "dp~microbatches=2,grad_groups=8"}
+    # So do a later round's moves from a plan with microbatches (16 rows on 2
+    # devices: 8 each; on 8: 2 each, which only 2 divides).
+    two = dataclasses.replace(dp, knobs=(("microbatches", 2),))
+    assert list(plan_moves(two, ctx.knobs, retune=True, batch_rows=16, batch_devices=2)[0]) == [
+        "dp~microbatches=4", "dp~microbatches=8"]
+    assert plan_moves(two, ctx.knobs, retune=True, batch_rows=16, batch_devices=8) == [{}] * 3
     # A batch on fewer devices than any offered group: no such variant.
     assert not any("grad_groups" in label
                    for label in knob_variants(dp, ctx.knobs, (), 2))
@@ -420,6 +434,10 @@ def test_a_workloads_default_setting_is_its_step():
     assert get_workload("mlp:tiny").knobs.describe() == {"microbatches": [1, 2, 4, 8],
                                                         "grad_groups": [1, 2, 4, 8]}
     assert get_workload("llama:7b").knobs.choices["remat"] == ("full", "none", "selective")
+    # Every count up to 8 that divides the batch: 3 and 6 of 12 rows too.
+    twelve = get_workload('gpt:custom:{"layers":1,"d_model":16,"heads":2,"d_ff":32,'
+                          '"vocab":64,"seq":8,"batch":12}')
+    assert twelve.knobs.choices["microbatches"] == (1, 2, 3, 4, 6)
     assert get_workload("gpt:tiny").knobs.choices["remat"] == ("none", "selective", "full")
 
 
@@ -573,7 +591,18 @@ def test_after_the_knob_rounds_the_best_plan_moves_its_activation_points(mesh24,
                          storage=f"sqlite:///{tmp_path / 's.db'}", study_name="moves",
                          quiet=True, isolate=False, space="rules")
     labels = [t.label for t in result.trials]
-    last = max(i for i, label in enumerate(labels) if label.endswith(("microbatches=8",)))
+    # The best baseline's variants: the microbatch counts that divide each
+    # device's rows of the batch (none when it splits the 8 rows over all 8
+    # devices, as fsdp does); nothing to combine (one knob).
+    order = result.setup.run_order()
+    first = min((t for t in result.trials[:len(order)] if t.outcome.status.value == "complete"),
+                key=lambda t: t.outcome.value)
+    rows, devices = order[first.label].batch_split(result.setup.context.abstract_args,
+                                                   {"dp": 2, "tp": 4})
+    counts = [k for k in (2, 4, 8) if (rows // devices) % k == 0]
+    assert labels[len(order):len(order) + len(counts)] == [
+        f"{first.label}~microbatches={k}" for k in counts]
+    last = len(order) + len(counts) - 1
     done = [t for t in result.trials[:last + 1] if t.outcome.status.value == "complete"]
     best = min(done, key=lambda t: t.outcome.value)
     # The best plan of the first rounds, then each act_mlp value it does not
@@ -612,40 +641,66 @@ class _ScoredRunner:
             self.ran.extend(["search"] * n)
 
 
-def test_activation_moves_go_on_from_each_better_plan_they_find(mesh24, tmp_path):
+def test_moves_go_on_from_each_better_plan_and_retune_the_other_knobs_there(mesh24, tmp_path):
+    """Round after round from each better plan, a tier at a time (one axis,
+    several, whole), going on as soon as a tier finds one; from the second
+    round, the other knobs first (the 16B H100 row: `act_embed=tp` freed the
+    memory that full remat had saved, and without remat it was 10% faster)."""
     from shardsearch.search.loop import _search
 
     result = ss.optimize(get_workload("gpt:tiny"), mesh=mesh24, n_trials=1, objective="static",
-                         knobs=("act_mlp", "act_embed"), warm_start=False,
+                         knobs=("remat", "act_mlp", "act_embed"), warm_start=False,
                          storage=f"sqlite:///{tmp_path / 's.db'}", study_name="rounds",
                          quiet=True, isolate=False, space="rules")
     setup = dataclasses.replace(result.setup, settings=dataclasses.replace(
         result.setup.settings, n_trials=60, warm_start=True))
     knobs = setup.context.knobs
+    assert knobs.searched()["act_mlp"] == ("auto", "-", "dp", "tp", "dp,tp", "tp,dp")
 
-    # act_mlp=tp helps alone; with it, act_embed=dp helps too; nothing else does.
+    # act_mlp=tp helps alone; with it, full remat; with both, act_embed=dp.
     def score(setting):
         mlp, embed = setting.get("act_mlp", "auto"), setting.get("act_embed", "auto")
-        return 1.0 - 0.1 * (mlp == "tp") - 0.05 * (mlp == "tp" and embed == "dp")
+        full = setting.get("remat", "none") == "full"
+        return (1.0 - 0.1 * (mlp == "tp") - 0.05 * (mlp == "tp" and full)
+                - 0.02 * (mlp == "tp" and full and embed == "dp"))
 
     runner = _ScoredRunner(score)
     _search(runner, setup, None)
     order = list(setup.run_order())
     root = order[0]  # every baseline scores alike: the first is the best
 
-    def moves(fixed, name, tried=()):  # `name` moved from `fixed`, one axis first, whole last
-        values = [v for v in knobs.searched()[name]
-                  if v not in ("auto", fixed.get(name), *tried)]
-        values.sort(key=lambda v: 2 if v == "-" else 1 if "," in v else 0)
-        return [f"{root}~{setting_text(knobs.setting({**fixed, name: v}))}" for v in values]
+    def labels(fixed, *changes):
+        return [f"{root}~{setting_text(knobs.setting({**fixed, name: value}))}"
+                for name, value in changes]
 
-    first = list(activation_moves(setup.run_order()[root], knobs))
-    # From the better plan round one found, every act_embed value with it;
-    # from the one round two found, the act_mlp values not run yet; a
-    # round that finds nothing better ends them, and the sampler has the rest.
-    second = moves({"act_mlp": "tp"}, "act_embed")
-    third = moves({"act_embed": "dp"}, "act_mlp", tried=("tp",))
+    tp = {"act_mlp": "tp"}
+    full = {**tp, "remat": "full"}
+    dp = {**full, "act_embed": "dp"}
+    expected = [
+        *labels({}, ("remat", "selective"), ("remat", "full")),  # the baseline's variants
+        # Round 1, one axis: act_mlp=tp is better, so the round ends there.
+        *labels({}, ("act_embed", "dp"), ("act_embed", "tp"), ("act_mlp", "dp"),
+                ("act_mlp", "tp")),
+        # Round 2 from it: remat first (full is better), then the points.
+        *labels(tp, ("remat", "selective"), ("remat", "full"), ("act_embed", "dp"),
+                ("act_embed", "tp")),
+        # Round 3: its remat moves were run; act_embed=dp is better.
+        *labels(full, ("act_embed", "dp"), ("act_embed", "tp"), ("act_mlp", "dp")),
+        # Round 4 finds nothing better in any tier: one axis (a point back
+        # to XLA's choice too), several, whole.
+        *labels(dp, ("remat", "selective"), ("act_mlp", "auto"), ("act_mlp", "dp")),
+        *labels(dp, ("act_embed", "dp,tp"), ("act_embed", "tp,dp"), ("act_mlp", "dp,tp"),
+                ("act_mlp", "tp,dp")),
+        *labels(dp, ("act_embed", "-"), ("act_mlp", "-"))]
     assert runner.ran[:len(order)] == order
-    assert runner.ran[len(order):] == first + second + third + ["search"] * (
-        60 - len(order) - len(first) - len(second) - len(third))
-    assert len(second) == 5 and len(third) == 4
+    assert runner.ran[len(order):] == expected + ["search"] * (60 - len(order) - len(expected))
+    # The tiers of a plan, everything untried: the other knobs and one axis,
+    # several axes, whole; activation_moves is the points' moves alone.
+    start = setup.run_order()[root]
+    plan = dataclasses.replace(start, knobs=knobs.setting(dp))
+    assert [len(t) for t in plan_moves(plan, knobs, retune=True)] == [2 + 4, 4, 2]
+    assert [len(t) for t in plan_moves(plan, knobs)] == [4, 4, 2]
+    assert list(activation_moves(start, knobs)) == labels(
+        {}, *[(n, v) for rank in ("one", "several", "whole") for n in ("act_embed", "act_mlp")
+              for v in ("dp", "tp", "dp,tp", "tp,dp", "-")
+              if rank == ("whole" if v == "-" else "several" if "," in v else "one")])

@@ -25,6 +25,11 @@ from typing import Any
 
 Setting = tuple[tuple[str, Any], ...]
 
+# The knob over how many slices of the batch the gradient is accumulated
+# (`workloads._train.accumulate_gradients`); a search tunes it by hand only at
+# the counts that divide each device's rows (`search.space.candidate`).
+MICROBATCHES = "microbatches"
+
 # The knob over how many groups of each microbatch the gradient is kept apart
 # until the last one (`workloads._train.accumulate_gradients`): a search
 # offers it only at the device counts of its mesh's axis groups, where the

@@ -38,9 +38,9 @@ from .space.baselines import start_candidates, tensor_axes
 from .space.candidate import (
     UNBUILDABLE,
     Candidate,
-    activation_moves,
     knob_combinations,
     knob_variants,
+    plan_moves,
 )
 from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
@@ -260,11 +260,14 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     their combinations (`knob_combinations`): the changes that helped alone,
     together, and the ones over the memory limit with a change that saves
     memory. Then, from the best plan so far, each activation point moved
-    alone (`activation_moves`), and the moves that helped, together; again
-    from the best plan after them, as long as a round finds a better one. They
-    count toward `n_trials`; the sampler has what is left (on the seven
-    `published-chip` rows it ran 54 trials: 47 cut, 4 failed, 3 completed,
-    none faster than the best plan before them).
+    alone (`plan_moves`: to one axis, to several, kept whole, a tier at a
+    time), and the moves that helped, together; again from the best plan
+    after them as soon as a tier finds one, and as long as a round does. From
+    the second round on, a round first changes each other knob alone (remat,
+    microbatches): the move that made the plan may have freed the memory that
+    decided them. They count toward `n_trials`; the sampler has what is left
+    (on the seven `published-chip` rows it ran 54 trials: 47 cut, 4 failed,
+    3 completed, none faster than the best plan before them).
     """
     settings, knobs = setup.settings, setup.context.knobs
     order = setup.run_order()
@@ -281,10 +284,11 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     runner.run(order, first, settings.timeout, roster)
     best = variant_base(runner.records, order)
     mesh = setup.context.mesh
-    variants = (knob_variants(order[best.label], knobs, tensor_axes(mesh),
-                              order[best.label].batch_devices(setup.context.abstract_args,
-                                                              _mesh.axis_sizes(mesh)))
-                if best is not None else {})
+    variants: dict[str, Candidate] = {}
+    if best is not None:
+        rows, devices = order[best.label].batch_split(setup.context.abstract_args,
+                                                      _mesh.axis_sizes(mesh))
+        variants = knob_variants(order[best.label], knobs, tensor_axes(mesh), devices, rows)
     left = settings.n_trials - first
     known: dict[str, Candidate] = dict(order)
 
@@ -306,15 +310,22 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
         start_of_moves = _incumbent(runner.records, known)
         if start_of_moves is None or start_of_moves.label in moved_from:
             break
-        moved_from.add(start_of_moves.label)
         plan = known[start_of_moves.label]
-        moves = activation_moves(plan, knobs, [c.knobs for c in known.values()
-                                               if c.same_sharding(plan)])
-        if not moves:
-            break
-        run(moves)
-        if left:
-            run(_moves_together(runner.records, plan, start_of_moves, moves, knobs))
+        rows, devices = plan.batch_split(setup.context.abstract_args, _mesh.axis_sizes(mesh))
+        # From the second round on, the plan came from a move: its other
+        # knobs are tuned again first.
+        tiers = plan_moves(plan, knobs, [c.knobs for c in known.values()
+                                         if c.same_sharding(plan)],
+                           retune=bool(moved_from), batch_rows=rows, batch_devices=devices)
+        moved_from.add(start_of_moves.label)
+        for moves in tiers:
+            if not left:
+                break
+            run(moves)
+            if left:
+                run(_moves_together(runner.records, plan, start_of_moves, moves, knobs))
+            if _incumbent(runner.records, known).label != start_of_moves.label:
+                break  # a better plan: the next round moves from it
     if left:
         runner.run({}, left, time_left(), roster)
 
@@ -361,8 +372,9 @@ def _incumbent(records: Sequence[TrialRecord], known: Mapping[str, Candidate]
 
 def _moves_together(records: Sequence[TrialRecord], plan: Candidate, ran: TrialRecord,
                     moves: Mapping[str, Candidate], knobs: Knobs) -> dict[str, Candidate]:
-    """The `activation_moves` of `plan` (run as `ran`) that were faster than
-    it, together (`knob_combinations`, each move as the one change it made)."""
+    """The moves of `plan` (run as `ran`; a tier of `plan_moves`) that were
+    faster than it, together (`knob_combinations`, each move as the one
+    change it made)."""
     own = knobs.values(plan.knobs)
     completed = {}
     for r in records:

@@ -133,7 +133,7 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
 
     Returns:
         The workload, with its knobs: `microbatches` (the divisors of the
-        batch among 1, 2, 4, 8; `_train.accumulate_gradients`), `remat`, and
+        batch up to `MICROBATCHES_MAX`; `_train.accumulate_gradients`), `remat`, and
         `grad_groups` (how many groups of each microbatch keep their
         gradients apart until the last one: the divisors of the rows of the
         largest accumulated microbatch; a combination whose microbatch it
@@ -168,7 +168,7 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
 
     batch = dims.get("batch", 1)
     choices: dict[str, tuple[Any, ...]] = {
-        "microbatches": tuple(k for k in MICROBATCH_CHOICES if batch % k == 0)}
+        "microbatches": tuple(k for k in range(1, MICROBATCHES_MAX + 1) if batch % k == 0)}
     if remat is not None:
         own, loss_for = remat
         choices["remat"] = (own, *(p for p in REMAT_CHOICES if p != own))
@@ -212,10 +212,11 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
 
 
 # The step knobs every built-in workload offers (`Workload.knobs`): gradient
-# accumulation over this many microbatches (those dividing the batch), and
-# for models with blocks the remat policy: "none" keeps every activation,
-# "selective" and "full" as `_layers.REMAT_POLICIES`.
-MICROBATCH_CHOICES = (1, 2, 4, 8)
+# accumulation over microbatches, every count up to this one that divides the
+# batch (a batch of 1536 rows: 1, 2, 3, 4, 6, 8; of a power of two: 1, 2, 4,
+# 8), and for models with blocks the remat policy: "none" keeps every
+# activation, "selective" and "full" as `_layers.REMAT_POLICIES`.
+MICROBATCHES_MAX = 8
 REMAT_CHOICES = ("none", "selective", "full")
 
 

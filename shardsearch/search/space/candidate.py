@@ -9,7 +9,7 @@ from typing import Any
 
 from ...base.activations import PREFIX as ACTIVATION_KNOB
 from ...base.activations import WHOLE
-from ...base.knobs import GRAD_GROUPS, Knobs, Setting, setting_text
+from ...base.knobs import GRAD_GROUPS, MICROBATCHES, Knobs, Setting, setting_text
 from ...base.spec import entry_axes
 from ...base.tree import leaf_shape, specs_for_leaves
 from ...rules.base import ShardingRule, argument_notes, argument_specs
@@ -62,14 +62,18 @@ class Candidate:
         """Spec trees for `(state, *batch)`."""
         return argument_specs(self.state_rule, self.batch_rule, args)
 
-    def batch_devices(self, args: Sequence[Any], axis_sizes: Mapping[str, int]) -> int:
-        """How many devices split the leading dim of the batch's first leaf
-        that has one (1: replicated, or no such leaf)."""
+    def batch_split(self, args: Sequence[Any], axis_sizes: Mapping[str, int]
+                    ) -> tuple[int | None, int]:
+        """The rows of the batch (the leading dim of its first leaf that has
+        one) and how many devices split them: `(None, 1)` without such a leaf,
+        `(rows, 1)` when it is replicated."""
         pairs, specs = specs_for_leaves(tuple(args[1:]), tuple(self.specs(args)[1:]))
         for (_, leaf), spec in zip(pairs, specs, strict=True):
-            if len(leaf_shape(leaf) or ()) >= 1:
-                return math.prod(axis_sizes[a] for a in entry_axes(spec[0] if spec else None))
-        return 1
+            shape = leaf_shape(leaf) or ()
+            if len(shape) >= 1:
+                return shape[0], math.prod(
+                    axis_sizes[a] for a in entry_axes(spec[0] if spec else None))
+        return None, 1
 
     def same_sharding(self, other: Candidate) -> bool:
         """Whether `other` splits the arguments by the same rules (its knobs aside)."""
@@ -101,7 +105,8 @@ SEQUENCE_PARALLEL = ("seq", "heads", "kv_heads", "mlp")
 
 
 def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = (),
-                  batch_devices: int = 1) -> dict[str, Candidate]:
+                  batch_devices: int = 1, batch_rows: int | None = None
+                  ) -> dict[str, Candidate]:
     """`candidate`'s sharding with each single knob changed to each of its
     other values: how an expert tunes a plan they trust (remat off, two
     microbatches), one change at a time, labelled
@@ -114,7 +119,12 @@ def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = 
     worth a trial; with each `microbatches` value there is one variant more
     that keeps the gradients of the `batch_devices` devices the candidate
     splits the batch over apart until the last microbatch (accumulated, and
-    reduced once), where the step's factory builds it.
+    reduced once), where the step's factory builds it. Given `batch_rows`
+    (the batch the `batch_devices` split), only `microbatches` counts that
+    divide each device's rows are tried, as a person picks them: a slice of
+    384 rows over 256 devices is 1.5 rows each, which XLA pads and moves
+    between devices (the 16B v5e row: four microbatches estimated 13.6 s,
+    two 7.95 s).
 
     Example:
       `knob_variants(fsdp, Knobs(f, {"remat": ("full", "none")}))` →
@@ -129,14 +139,16 @@ def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = 
         out[variant.label] = variant
 
     searched = knobs.searched()
+    per_device = None if batch_rows is None else batch_rows // batch_devices
+    counts = tuple(k for k in searched.get(MICROBATCHES, ())[1:] if _divides(k, per_device))
     for name, values in searched.items():
         if name.startswith(ACTIVATION_KNOB) or name == GRAD_GROUPS:
             continue
-        for value in values[1:]:
+        for value in counts if name == MICROBATCHES else values[1:]:
             add({name: value})
     if batch_devices in searched.get(GRAD_GROUPS, ())[1:]:
-        for k in searched.get("microbatches", ())[1:]:
-            values = {"microbatches": k, GRAD_GROUPS: batch_devices}
+        for k in counts:
+            values = {MICROBATCHES: k, GRAD_GROUPS: batch_devices}
             if _builds(knobs, knobs.setting(values)):  # not too few rows per microbatch
                 add(values)
     group = ",".join(tensor)
@@ -234,33 +246,72 @@ def activation_moves(candidate: Candidate, knobs: Knobs,
     fit or compile (the `published-chip` H100 rows: 30-43% of the search's
     time); one point at a time from a plan that fits, a move costs what it
     changes. Settings in `tried`, or that the step's factory refuses, are
-    left out. Labelled `"<baseline>~<setting>"`.
+    left out. Labelled `"<baseline>~<setting>"`; `plan_moves`' tiers, in order.
 
     Example:
       `fsdp_tp~remat=full` → `{"fsdp_tp~remat=full,act_embed=tp": ...,
       "fsdp_tp~remat=full,act_batch=dp": ..., ...}`.
     """
+    return {label: move for tier in plan_moves(candidate, knobs, tried)
+            for label, move in tier.items()}
+
+
+def plan_moves(candidate: Candidate, knobs: Knobs, tried: Sequence[Setting] = (),
+               retune: bool = False, batch_rows: int | None = None, batch_devices: int = 1
+               ) -> list[dict[str, Candidate]]:
+    """The moves from a plan (`candidate` with its knobs), in three tiers
+    that a search runs one after the other, going on from a better plan as
+    soon as a tier finds one: each activation point moved to one axis (and,
+    with `retune`, first each other knob changed alone: remat, microbatches
+    at the counts that divide each device's `batch_rows / batch_devices`
+    rows, as in `knob_variants`), to several axes, kept whole (see
+    `activation_moves`).
+
+    `retune` is for a plan an activation move found: placing a point can free
+    or cost the memory that decided remat and microbatches (the 16B H100
+    row: `act_embed=tp` took full remat's plan from 13.2 to 6.4 GB per GPU,
+    and without remat it then needs 62.6 GB and is estimated 0.809 s against
+    0.903 s).
+
+    Example:
+      `plan_moves(fsdp_tp~remat=full,act_embed=tp, knobs, retune=True)` →
+      `[{"...~remat=none,act_embed=tp", "...~act_embed=tp" (selective),
+      "...~remat=full,act_batch=dp,act_embed=tp", ...}, {several axes},
+      {whole}]`.
+    """
     current = dict(candidate.knobs)
     searched = knobs.searched()
+    per_device = None if batch_rows is None else batch_rows // batch_devices
     moves = []
     for name, values in searched.items():
-        if not name.startswith(ACTIVATION_KNOB):
+        if name == GRAD_GROUPS or (not retune and not name.startswith(ACTIVATION_KNOB)):
             continue
         for value in values:
             if value == current.get(name, values[0]):
                 continue
+            if not name.startswith(ACTIVATION_KNOB):
+                if name != MICROBATCHES or _divides(value, per_device):
+                    moves.append((0, 0, name, value))  # the other knobs first
+                continue
             rank = 2 if value == WHOLE else 1 if "," in str(value) else 0
-            moves.append((rank, name, value))
+            moves.append((rank, 1, name, value))
     seen = {knobs.setting(s) for s in (*tried, candidate.knobs)}
-    out: dict[str, Candidate] = {}
-    for _, name, value in sorted(moves, key=lambda m: m[0]):
+    tiers: list[dict[str, Candidate]] = [{}, {}, {}]
+    for rank, _, name, value in sorted(moves, key=lambda m: m[:2]):
         setting = knobs.setting({**current, name: value})
         # Not the baseline itself (its first round ran it), nor a setting
         # tried already or that the factory refuses.
         if setting and setting not in seen and _builds(knobs, setting):
             variant = _with_knobs(candidate, setting)
-            out[variant.label] = variant
-    return out
+            tiers[rank][variant.label] = variant
+    return tiers
+
+
+def _divides(count: Any, per_device: int | None) -> bool:
+    """Whether `count` microbatches split each device's `per_device` rows
+    evenly (True when the rows are not known or the count is not a count)."""
+    return (per_device is None or not isinstance(count, int) or count < 1
+            or per_device % count == 0)
 
 
 def _with_knobs(candidate: Candidate, setting: Setting) -> Candidate:
