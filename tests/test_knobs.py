@@ -299,7 +299,7 @@ def test_the_best_baselines_variants_accumulate_and_reduce_once(mesh8):
     two = dataclasses.replace(dp, knobs=(("microbatches", 2),))
     assert list(plan_moves(two, ctx.knobs, retune=True, batch_rows=16, batch_devices=2)[0]) == [
         "dp~microbatches=4", "dp~microbatches=8"]
-    assert plan_moves(two, ctx.knobs, retune=True, batch_rows=16, batch_devices=8) == [{}] * 3
+    assert plan_moves(two, ctx.knobs, retune=True, batch_rows=16, batch_devices=8) == [{}] * 4
     # A batch on fewer devices than any offered group: no such variant.
     assert not any("grad_groups" in label
                    for label in knob_variants(dp, ctx.knobs, (), 2))
@@ -646,9 +646,9 @@ class _ScoredRunner:
 
 
 def test_moves_go_on_from_each_better_plan_and_retune_the_other_knobs_there(mesh24, tmp_path):
-    """Round after round from each better plan, a tier at a time (one axis,
-    several, whole), going on as soon as a tier finds one; from the second
-    round, the other knobs first (the 16B H100 row: `act_embed=tp` freed the
+    """Round after round from each better plan, a tier at a time (from the
+    second round the other knobs, then one axis, several, whole), going on
+    as soon as a tier finds one (the 16B H100 row: `act_embed=tp` freed the
     memory that full remat had saved, and without remat it was 10% faster)."""
     from shardsearch.search.loop import _search
 
@@ -685,25 +685,25 @@ def test_moves_go_on_from_each_better_plan_and_retune_the_other_knobs_there(mesh
         # Round 1, one axis: act_mlp=tp is better, so the round ends there.
         *labels({}, ("act_embed", "dp"), ("act_embed", "tp"), ("act_mlp", "dp"),
                 ("act_mlp", "tp")),
-        # Round 2 from it: remat first (full is better), then the points.
-        *labels(tp, ("remat", "selective"), ("remat", "full"), ("act_embed", "dp"),
-                ("act_embed", "tp")),
+        # Round 2 from it: remat first, a tier of its own; full is better.
+        *labels(tp, ("remat", "selective"), ("remat", "full")),
         # Round 3: its remat moves were run; act_embed=dp is better.
         *labels(full, ("act_embed", "dp"), ("act_embed", "tp"), ("act_mlp", "dp")),
-        # Round 4 finds nothing better in any tier: one axis (a point back
-        # to XLA's choice too), several, whole.
-        *labels(dp, ("remat", "selective"), ("act_mlp", "auto"), ("act_mlp", "dp")),
+        # Round 4 finds nothing better in any tier: the other knobs, one axis
+        # (a point back to XLA's choice too), several, whole.
+        *labels(dp, ("remat", "none"), ("remat", "selective")),
+        *labels(dp, ("act_mlp", "auto"), ("act_mlp", "dp")),
         *labels(dp, ("act_embed", "dp,tp"), ("act_embed", "tp,dp"), ("act_mlp", "dp,tp"),
                 ("act_mlp", "tp,dp")),
         *labels(dp, ("act_embed", "-"), ("act_mlp", "-"))]
     assert runner.ran[:len(order)] == order
     assert runner.ran[len(order):] == expected + ["search"] * (60 - len(order) - len(expected))
-    # The tiers of a plan, everything untried: the other knobs and one axis,
+    # The tiers of a plan, everything untried: the other knobs, one axis,
     # several axes, whole; activation_moves is the points' moves alone.
     start = setup.run_order()[root]
     plan = dataclasses.replace(start, knobs=knobs.setting(dp))
-    assert [len(t) for t in plan_moves(plan, knobs, retune=True)] == [2 + 4, 4, 2]
-    assert [len(t) for t in plan_moves(plan, knobs)] == [4, 4, 2]
+    assert [len(t) for t in plan_moves(plan, knobs, retune=True)] == [2, 4, 4, 2]
+    assert [len(t) for t in plan_moves(plan, knobs)] == [0, 4, 4, 2]
     assert list(activation_moves(start, knobs)) == labels(
         {}, *[(n, v) for rank in ("one", "several", "whole") for n in ("act_embed", "act_mlp")
               for v in ("dp", "tp", "dp,tp", "tp,dp", "-")

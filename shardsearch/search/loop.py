@@ -264,8 +264,8 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     time), and the moves that helped, together; again from the best plan
     after them as soon as a tier finds one, and as long as a round does. From
     the second round on, a round first changes each other knob alone (remat,
-    microbatches): the move that made the plan may have freed the memory that
-    decided them. They count toward `n_trials`; the sampler has what is left
+    microbatches; a tier of its own): the move that made the plan may have
+    freed the memory that decided them. They count toward `n_trials`; the sampler has what is left
     (on the seven `published-chip` rows it ran 54 trials: 47 cut, 4 failed,
     3 completed, none faster than the best plan before them).
     """

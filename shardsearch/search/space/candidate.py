@@ -259,24 +259,26 @@ def activation_moves(candidate: Candidate, knobs: Knobs,
 def plan_moves(candidate: Candidate, knobs: Knobs, tried: Sequence[Setting] = (),
                retune: bool = False, batch_rows: int | None = None, batch_devices: int = 1
                ) -> list[dict[str, Candidate]]:
-    """The moves from a plan (`candidate` with its knobs), in three tiers
+    """The moves from a plan (`candidate` with its knobs), in four tiers
     that a search runs one after the other, going on from a better plan as
-    soon as a tier finds one: each activation point moved to one axis (and,
-    with `retune`, first each other knob changed alone: remat, microbatches
-    at the counts that divide each device's `batch_rows / batch_devices`
-    rows, as in `knob_variants`), to several axes, kept whole (see
-    `activation_moves`).
+    soon as a tier finds one: with `retune`, each other knob changed alone
+    (remat, microbatches at the counts that divide each device's
+    `batch_rows / batch_devices` rows, as in `knob_variants`; empty without
+    `retune`); each activation point moved to one axis; to several axes;
+    kept whole (see `activation_moves`).
 
     `retune` is for a plan an activation move found: placing a point can free
     or cost the memory that decided remat and microbatches (the 16B H100
     row: `act_embed=tp` took full remat's plan from 13.2 to 6.4 GB per GPU,
     and without remat it then needs 62.6 GB and is estimated 0.829 s against
-    0.903 s).
+    0.903 s). Those knobs are a tier of their own, so that a better plan
+    they find is moved from at once, not after the previous plan's
+    activation moves (that row's run spent 9 of its 40 trials so).
 
     Example:
       `plan_moves(fsdp_tp~remat=full,act_embed=tp, knobs, retune=True)` →
-      `[{"...~remat=none,act_embed=tp", "...~act_embed=tp" (selective),
-      "...~remat=full,act_batch=dp,act_embed=tp", ...}, {several axes},
+      `[{"...~remat=none,act_embed=tp", "...~act_embed=tp" (selective)},
+      {"...~remat=full,act_batch=dp,act_embed=tp", ...}, {several axes},
       {whole}]`.
     """
     current = dict(candidate.knobs)
@@ -291,19 +293,18 @@ def plan_moves(candidate: Candidate, knobs: Knobs, tried: Sequence[Setting] = ()
                 continue
             if not name.startswith(ACTIVATION_KNOB):
                 if name != MICROBATCHES or _divides(value, per_device):
-                    moves.append((0, 0, name, value))  # the other knobs first
+                    moves.append((0, name, value))  # the other knobs first
                 continue
-            rank = 2 if value == WHOLE else 1 if "," in str(value) else 0
-            moves.append((rank, 1, name, value))
+            moves.append((3 if value == WHOLE else 2 if "," in str(value) else 1, name, value))
     seen = {knobs.setting(s) for s in (*tried, candidate.knobs)}
-    tiers: list[dict[str, Candidate]] = [{}, {}, {}]
-    for rank, _, name, value in sorted(moves, key=lambda m: m[:2]):
+    tiers: list[dict[str, Candidate]] = [{}, {}, {}, {}]
+    for tier, name, value in sorted(moves, key=lambda m: m[0]):
         setting = knobs.setting({**current, name: value})
         # Not the baseline itself (its first round ran it), nor a setting
         # tried already or that the factory refuses.
         if setting and setting not in seen and _builds(knobs, setting):
             variant = _with_knobs(candidate, setting)
-            tiers[rank][variant.label] = variant
+            tiers[tier][variant.label] = variant
     return tiers
 
 
