@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..base.knobs import GRAD_GROUPS, Knobs
+from ..base.knobs import GRAD_GROUPS, MICROBATCHES, Knobs
 from . import _activations, _params, _train
 
 StepFn = Callable[[Any, Any], tuple[Any, dict]]
@@ -168,15 +168,15 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
 
     batch = dims.get("batch", 1)
     choices: dict[str, tuple[Any, ...]] = {
-        "microbatches": tuple(k for k in range(1, MICROBATCHES_MAX + 1) if batch % k == 0)}
+        MICROBATCHES: tuple(k for k in range(1, MICROBATCHES_MAX + 1) if batch % k == 0)}
     if remat is not None:
         own, loss_for = remat
         choices["remat"] = (own, *(p for p in REMAT_CHOICES if p != own))
-    if len(choices["microbatches"]) > 1:
+    if len(choices[MICROBATCHES]) > 1:
         # Every count the rows of the largest accumulated microbatch split
         # into evenly; a search keeps those that are the device count of a
         # group of its mesh's axes.
-        rows = batch // choices["microbatches"][1]
+        rows = batch // choices[MICROBATCHES][1]
         choices[GRAD_GROUPS] = (1, *(g for g in range(2, rows + 1) if rows % g == 0))
 
     def make_step(microbatches: int = 1, remat: str | None = None,

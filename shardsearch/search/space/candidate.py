@@ -139,8 +139,8 @@ def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = 
         out[variant.label] = variant
 
     searched = knobs.searched()
-    per_device = None if batch_rows is None else batch_rows // batch_devices
-    counts = tuple(k for k in searched.get(MICROBATCHES, ())[1:] if _divides(k, per_device))
+    counts = tuple(k for k in searched.get(MICROBATCHES, ())[1:]
+                   if _divides(k, batch_rows, batch_devices))
     for name, values in searched.items():
         if name.startswith(ACTIVATION_KNOB) or name == GRAD_GROUPS:
             continue
@@ -283,7 +283,6 @@ def plan_moves(candidate: Candidate, knobs: Knobs, tried: Sequence[Setting] = ()
     """
     current = dict(candidate.knobs)
     searched = knobs.searched()
-    per_device = None if batch_rows is None else batch_rows // batch_devices
     moves = []
     for name, values in searched.items():
         if name == GRAD_GROUPS or (not retune and not name.startswith(ACTIVATION_KNOB)):
@@ -292,7 +291,7 @@ def plan_moves(candidate: Candidate, knobs: Knobs, tried: Sequence[Setting] = ()
             if value == current.get(name, values[0]):
                 continue
             if not name.startswith(ACTIVATION_KNOB):
-                if name != MICROBATCHES or _divides(value, per_device):
+                if name != MICROBATCHES or _divides(value, batch_rows, batch_devices):
                     moves.append((0, name, value))  # the other knobs first
                 continue
             moves.append((3 if value == WHOLE else 2 if "," in str(value) else 1, name, value))
@@ -308,11 +307,12 @@ def plan_moves(candidate: Candidate, knobs: Knobs, tried: Sequence[Setting] = ()
     return tiers
 
 
-def _divides(count: Any, per_device: int | None) -> bool:
-    """Whether `count` microbatches split each device's `per_device` rows
-    evenly (True when the rows are not known or the count is not a count)."""
-    return (per_device is None or not isinstance(count, int) or count < 1
-            or per_device % count == 0)
+def _divides(count: Any, rows: int | None, devices: int) -> bool:
+    """Whether `count` microbatches split each device's share of the batch's
+    `rows` over `devices` evenly (True when the rows are not known or the
+    count is not a count)."""
+    return (rows is None or not isinstance(count, int) or count < 1
+            or (rows // devices) % count == 0)
 
 
 def _with_knobs(candidate: Candidate, setting: Setting) -> Candidate:
