@@ -9,6 +9,7 @@ Without libtpu or the CUDA plugin these skip, except under CI=true, where
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def h100():
 
 @pytest.mark.parametrize(("chip", "devices", "topology"), [
     ("tpu-v5e", 4, "2x2"), ("tpu-v5e", 8, "2x4"), ("tpu-v5e", 32, "4x8"),
-    ("tpu-v5e", 256, "16x16"), ("tpu-v5p", 4, "2x2x1"), ("tpu-v5p", 16, "2x2x4"),
+    ("tpu-v5e", 256, "16x16"), ("tpu-v5e", 1, "1x1"), ("tpu-v5e", 2, "2x1"),
+    ("tpu-v5p", 4, "2x2x1"), ("tpu-v5p", 2, "2x1x1"), ("tpu-v5p", 16, "2x2x4"),
     ("tpu-v5p", 64, "4x4x4"), ("tpu-v5p", 128, "4x4x8"), ("tpu-v4", 64, "4x4x4"),
     ("gpu-h100", 4, "1x1x4"), ("gpu-h100", 8, "1x1x8"), ("gpu-h100", 96, "1x12x8"),
     ("gpu-h200", 16, "1x2x8"),
@@ -68,7 +70,7 @@ def test_topology_from_the_device_count(chip, devices, topology):
 
 
 @pytest.mark.parametrize(("chip", "devices", "words"), [
-    ("tpu-v5e", 3, "power of two"), ("tpu-v5p", 2, "at least 4"),
+    ("tpu-v5e", 3, "power of two"), ("tpu-v5p", 12, "power of two"),
     ("gpu-h100", 12, "multiple of 8"), ("tpu-v9", 8, "unknown target chip"),
 ])
 def test_topologies_that_cannot_be_derived_say_why(chip, devices, words):
@@ -118,6 +120,24 @@ def test_a_target_mesh_is_the_chips_devices(v5e):
     assert (target.chip, target.topology, target.slices) == ("tpu-v5e", "2x2", 1)
     recorded = target.to_json()
     assert recorded["platform"] == "tpu" and recorded["versions"]["libtpu"] != "missing"
+
+
+@pytest.mark.parametrize(("chip", "axes", "topology", "kind"), [
+    ("tpu-v5e", {"dp": 1}, "1x1", "TPU v5 lite"), ("tpu-v5e", {"tp": 2}, "2x1", "TPU v5 lite"),
+    ("tpu-v5p", {"dp": 2}, "2x1x1", "TPU v5"), ("tpu-v4", {"dp": 1}, "1x1x1", "TPU v4"),
+])
+def test_a_target_smaller_than_a_tpu_host_has_just_its_chips(chip, axes, topology, kind):
+    # libtpu refuses a topology under one host's 2x2x1 chips unless told the
+    # host is that small; a user planning for one v5e chip needs it.
+    _need("tpu")
+    mesh = ss.target_mesh(chip, axes)
+    assert target_of(mesh).topology == topology
+    assert mesh.devices.size == math.prod(axes.values())
+    assert {d.device_kind for d in mesh.devices.flat} == {kind}
+    spec = P(*axes) if list(axes.values())[0] > 1 else P()
+    x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=NamedSharding(mesh, spec))
+    compiled = jax.jit(lambda a: (a @ a.T).sum()).lower(x).compile()
+    assert compiled.memory_analysis().argument_size_in_bytes == 256 * 512 * 2 // mesh.size
 
 
 def test_a_gpu_target_mesh_uses_the_shipped_config(h100):

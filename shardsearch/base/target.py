@@ -58,7 +58,6 @@ class TargetChip:
       per_host: GPUs per host (hosts are what `dcn_axes` cross).
       chip_config: libtpu's `chip_config_name` ("megacore": one device per v4
         chip, as MaxText runs it; libtpu's default is one per core).
-      smallest: the fewest devices libtpu's topologies start at.
     """
 
     name: str
@@ -67,7 +66,6 @@ class TargetChip:
     rank: int
     per_host: int = 8
     chip_config: str | None = None
-    smallest: int = 1
 
     @property
     def extra(self) -> str:
@@ -77,13 +75,16 @@ class TargetChip:
 
 TARGET_CHIPS: dict[str, TargetChip] = {
     chip.name: chip for chip in (
-        TargetChip("tpu-v5e", "tpu", "v5e", 2, smallest=4),
-        TargetChip("tpu-v5p", "tpu", "v5p", 3, smallest=4),
-        TargetChip("tpu-v4", "tpu", "v4", 3, chip_config="megacore", smallest=4),
+        TargetChip("tpu-v5e", "tpu", "v5e", 2),
+        TargetChip("tpu-v5p", "tpu", "v5p", 3),
+        TargetChip("tpu-v4", "tpu", "v4", 3, chip_config="megacore"),
         TargetChip("gpu-h100", "cuda", "gpu-h100", 3),
         TargetChip("gpu-h200", "cuda", "gpu-h200", 3),
     )
 }
+
+# The chips of one TPU host (2x2x1), what libtpu assumes unless told.
+TPU_CHIPS_PER_HOST = 4
 
 # The CUDA majors jax ships a plugin for (`jax[cuda12]`, `jax[cuda13]`); a GPU
 # target compiles with whichever is installed, the first listed if both are.
@@ -122,7 +123,8 @@ def derive_topology(chip: str, devices: int) -> str:
     """The topology a chip's compiler is asked for, from the device count.
 
     A TPU torus is as square as the count allows, small dims first (v5e 8 →
-    `2x4`, 256 → `16x16`; v5p 64 → `4x4x4`, 16 → `2x2x4`, 4 → `2x2x1`); GPUs
+    `2x4`, 256 → `16x16`, 1 → `1x1`; v5p 64 → `4x4x4`, 16 → `2x2x4`, 4 → `2x2x1`,
+    2 → `2x1x1`); GPUs
     are one slice of hosts with 8 devices each (96 → `1x12x8`, 4 → `1x1x4`).
 
     Raises:
@@ -140,10 +142,10 @@ def derive_topology(chip: str, devices: int) -> str:
                 f"multiple of {spec.per_host}, or give the topology (slices x hosts x devices)")
         return f"1x{devices // spec.per_host}x{spec.per_host}"
     bits = devices.bit_length() - 1
-    if devices != 1 << bits or devices < spec.smallest:
+    if devices != 1 << bits:
         raise ValueError(
             f"{chip}: {devices} devices is not a TPU topology this tool can derive (a power "
-            f"of two, at least {spec.smallest}); give the topology, e.g. --topology "
+            f"of two); give the topology, e.g. --topology "
             f"{'2x2' if spec.rank == 2 else '2x2x1'}")
     exponents = [bits // spec.rank + (i < bits % spec.rank) for i in range(spec.rank)]
     dims = sorted(1 << e for e in exponents)
@@ -340,6 +342,14 @@ def _topology_devices(chip: str, topology: str, slices: int,
             options["chip_config_name"] = spec.chip_config
         if target.slices > 1:
             options["num_slices"] = target.slices
+        dims = _parse_topology(target.topology, spec.rank, target.chip)
+        if math.prod(dims) < TPU_CHIPS_PER_HOST:
+            # libtpu lays a topology over hosts of 2x2x1 chips and refuses one
+            # smaller than a host ("v5e:1x1 is not divisible by ... 2x2x1"):
+            # such a topology is one host of just its chips, as on a TPU VM
+            # with fewer chips (a one-chip v5e compiles the same program:
+            # benchmarks/results/v5e).
+            options["chips_per_host_bounds"] = (*dims, 1, 1)[:3]
         topo = topologies.get_topology_desc(topology_name=f"{spec.family}:{target.topology}",
                                             platform="tpu", **options)
     else:
