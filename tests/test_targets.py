@@ -134,7 +134,7 @@ def test_a_target_smaller_than_a_tpu_host_has_just_its_chips(chip, axes, topolog
     assert target_of(mesh).topology == topology
     assert mesh.devices.size == math.prod(axes.values())
     assert {d.device_kind for d in mesh.devices.flat} == {kind}
-    spec = P(*axes) if list(axes.values())[0] > 1 else P()
+    spec = P(*axes) if mesh.size > 1 else P()
     x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=NamedSharding(mesh, spec))
     compiled = jax.jit(lambda a: (a @ a.T).sum()).lower(x).compile()
     assert compiled.memory_analysis().argument_size_in_bytes == 256 * 512 * 2 // mesh.size
