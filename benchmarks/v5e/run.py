@@ -9,13 +9,10 @@ machine without a TPU (libtpu compiles for a chip it does not have):
     python benchmarks/v5e/run.py deviceless benchmarks/results/v5e/raw
 
 On a machine with one v5e chip, with jax, jaxlib and libtpu installed and
-shardsearch's other dependencies on PYTHONPATH (their wheels made here, for
-the device's Python 3.11, with `pip download --no-deps --only-binary=:all:
---python-version 3.11 --implementation cp --platform manylinux2014_x86_64
-(and the newer manylinux tags) -d .whl-tpu optuna alembic sqlalchemy mako
-markupsafe colorlog tqdm pyyaml typing_extensions packaging networkx
-flatbuffers`, each at the version installed here, and installed there with
-`pip install --no-index --no-deps --target /tmp/site .whl-tpu/*.whl`):
+shardsearch's other dependencies on PYTHONPATH (their wheels made here by
+`python benchmarks/v5e/wheels.py`, installed there with `pip install
+--no-index --no-deps --target /tmp/site .whl-tpu/*.whl`; the whole command
+in `benchmarks/results/v5e/notes.md`):
 
     PYTHONPATH=$PYTHONPATH:/tmp/site:$PWD python3 benchmarks/v5e/run.py device OUT
 
