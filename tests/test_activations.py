@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -318,6 +319,27 @@ def test_a_point_no_axis_can_split_is_said_not_dropped(mesh24):
     with pytest.warns(ShardsearchWarning, match=r"act_rows: no group"):
         ctx, _ = make_context(odd_step, args, mesh24, knobs=True)
     assert set(ctx.knobs.searched()) == {"act_hidden"}
+
+
+def test_on_one_device_a_point_is_not_placed_and_only_a_name_asked_for_says_why():
+    """Planning remat and microbatches for one chip: no point can be split,
+    which is no news under knobs=True (no warning; the step's other knobs are
+    searched), an error naming the one device when a point is asked for by
+    name, and one saying so when the points were all the step had."""
+    one = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("dp",),
+                            axis_types=(jax.sharding.AxisType.Auto,))
+    workload = get_workload("gpt:tiny")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShardsearchWarning)
+        ctx, _ = make_context(workload, None, one, objective="static", knobs=True)
+    searched = set(ctx.knobs.searched())
+    ctx.close()
+    assert "remat" in searched and not [n for n in searched if n.startswith("act_")]
+    with pytest.raises(ValueError, match=r"knobs \['act_embed'\] cannot be offered: act_embed: "
+                                         r"the mesh \(dp=1\) has one device"):
+        make_context(workload, None, one, objective="static", knobs=("act_embed",))
+    with pytest.raises(ValueError, match=r"the mesh can split none of its named activations"):
+        make_context(user_step, _user_args(), one, knobs=True)
 
 
 def test_an_activation_may_follow_the_logical_assignment_of_its_name(mesh24):

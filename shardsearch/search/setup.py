@@ -414,7 +414,7 @@ def make_context(
     if declared is not None:
         groups = group_sizes(mesh)
         declared = declared.narrowed(GRAD_GROUPS, lambda v: v in groups)
-    knobs = searched_knobs(declared, settings.knobs, by_default)
+    knobs = searched_knobs(declared, settings.knobs, by_default, places_points=bool(found))
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
@@ -450,13 +450,14 @@ def make_context(
 
 
 def searched_knobs(declared: Knobs | None, chosen: bool | tuple[str, ...] | None,
-                   by_default: bool) -> Knobs | None:
+                   by_default: bool, places_points: bool = False) -> Knobs | None:
     """The knobs a search chooses of those `declared` (a `Knobs` step's, or a
     workload's, with the activation knobs when asked), as `chosen` picks them:
     None searches them when `by_default` (a `Knobs` step) and none of a
     workload's (its defaults are the published setups); True all; names
     those knobs, the others at their defaults. None when nothing is left
-    with more than one value.
+    with more than one value. `places_points`: the step names activations,
+    none of which the mesh can split (else `declared` holds their knobs).
 
     Raises:
       ValueError: knobs asked of a step that declares none, or a name it
@@ -464,6 +465,12 @@ def searched_knobs(declared: Knobs | None, chosen: bool | tuple[str, ...] | None
     """
     if chosen is False or (chosen is None and not by_default):
         return None
+    if declared is None and places_points:
+        raise ValueError(
+            f"optimize: knobs={chosen!r}, but the step declares no knobs and the mesh can "
+            "split none of its named activations; pass the step as "
+            "shardsearch.Knobs(make_step, {'remat': (...), 'microbatches': (...)}) to search "
+            "its other settings, or search without knobs")
     if declared is None:
         raise ValueError(
             f"optimize: knobs={chosen!r}, but the step declares no knobs and places no "
@@ -504,19 +511,26 @@ def _say_unoffered(found: Mapping[str, tuple[int, ...]], offered: Mapping[str, A
                    chosen: Any, mesh: jax.sharding.Mesh) -> None:
     """The points a search asked to place that get no knob, and why: an error
     for one asked by name, a warning for `knobs=True`."""
-    axes = ", ".join(f"{a}={n}" for a, n in _mesh.axis_sizes(mesh).items())
+    sizes_of = _mesh.axis_sizes(mesh)
+    axes = ", ".join(f"{a}={n}" for a, n in sizes_of.items())
+    one_device = math.prod(sizes_of.values()) == 1
     left = {_activations.PREFIX + name: (
         "its name is not an identifier" if not name.isidentifier() else
-        f"no group of the mesh's axes ({axes}) divides its sizes {list(sizes)}")
+        f"the mesh ({axes}) has one device: there is nothing to split it over" if one_device
+        else f"no group of the mesh's axes ({axes}) divides its sizes {list(sizes)}")
         for name, sizes in found.items() if _activations.PREFIX + name not in offered}
     asked = [n for n in (chosen if isinstance(chosen, tuple) else ()) if n in left]
     if asked:
         raise ValueError(f"optimize: knobs {asked} cannot be offered: " + "; ".join(
             f"{n}: {left[n]}" for n in asked))
-    if chosen is True and left:
+    # On one device (planning remat and microbatches for one chip) no point
+    # can be placed whatever the model: only a bad name is worth a warning.
+    unplaced = {n: why for n, why in left.items()
+                if not (one_device and why.startswith("the mesh"))}
+    if chosen is True and unplaced:
         warnings.warn(ShardsearchWarning(
             "optimize: activation points get no knob (XLA places them): " + "; ".join(
-                f"{n}: {why}" for n, why in left.items())), stacklevel=4)
+                f"{n}: {why}" for n, why in unplaced.items())), stacklevel=4)
 
 
 def _host_args(workload: Workload | None, args: tuple[Any, ...], seed: int,
