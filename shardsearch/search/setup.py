@@ -414,7 +414,8 @@ def make_context(
     if declared is not None:
         groups = group_sizes(mesh)
         declared = declared.narrowed(GRAD_GROUPS, lambda v: v in groups)
-    knobs = searched_knobs(declared, settings.knobs, by_default, places_points=bool(found))
+    knobs = searched_knobs(declared, settings.knobs, by_default,
+                           places_points=bool(found) and _wants_activations(settings.knobs))
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
@@ -457,7 +458,8 @@ def searched_knobs(declared: Knobs | None, chosen: bool | tuple[str, ...] | None
     workload's (its defaults are the published setups); True all; names
     those knobs, the others at their defaults. None when nothing is left
     with more than one value. `places_points`: the step names activations,
-    none of which the mesh can split (else `declared` holds their knobs).
+    the search was asked to place them, and the mesh can split none (else
+    `declared` holds their knobs).
 
     Raises:
       ValueError: knobs asked of a step that declares none, or a name it
