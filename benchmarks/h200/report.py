@@ -13,23 +13,20 @@ step; nothing runs on an accelerator here.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import re
 import statistics
 import sys
-import tarfile
 from pathlib import Path
 
 import shardsearch as ss
 
 ss.use_cpu_devices(1)
 
-from run import hlo_name  # noqa: E402 - beside this file
+from run import gib, hlo_name, hlo_texts  # noqa: E402 - beside this file
 
 from shardsearch.search import ProgramCost, Topology, target_of  # noqa: E402
 
-GiB = 2**30
 COMMANDS = {
     "device": "python benchmarks/h200/run.py device OUT --budget 360",
     "profile": "python benchmarks/h200/run.py profile OUT",
@@ -46,21 +43,6 @@ def priced(hlo: str) -> dict:
     parts = ss.HARDWARE["gpu-h200"].breakdown(program, Topology(("dp",), (1,)))
     return {"total": parts.total, "compute": parts.compute, "memory": parts.memory,
             "flops": program.flops, "bytes": program.bytes_accessed}
-
-
-def hlo_texts(raw: Path) -> dict[str, str]:
-    texts = {}
-    with tarfile.open(raw / "hlo.tar.gz") as tar:
-        for member in tar.getmembers():
-            if member.isfile():
-                data = tar.extractfile(member).read()
-                texts[Path(member.name).name.removesuffix(".txt.gz")] = gzip.decompress(
-                    data).decode()
-    return texts
-
-
-def gib(n) -> str:
-    return "-" if n is None else f"{n / GiB:.3f}"
 
 
 def config_table(env: dict) -> list[str]:

@@ -43,6 +43,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 import traceback
 from collections import Counter
@@ -89,6 +90,24 @@ def jitted(workload, knobs: dict, mesh):
     every = jax.tree.map(lambda _: whole, abstract)
     fn = jax.jit(step, in_shardings=every, out_shardings=(every[0], whole), donate_argnums=(0,))
     return fn, abstract
+
+
+def gib(n) -> str:
+    return "-" if n is None else f"{n / GiB:.3f}"
+
+
+def hlo_texts(raw: Path) -> dict[str, str]:
+    """Every HLO text saved in RAW's `hlo*.tar.gz` archives, by file name
+    (without `.txt.gz`)."""
+    texts = {}
+    for archive in sorted(raw.glob("hlo*.tar.gz")):
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if member.isfile():
+                    data = tar.extractfile(member).read()
+                    name = Path(member.name).name.removesuffix(".txt.gz")
+                    texts[name] = gzip.decompress(data).decode()
+    return texts
 
 
 def memory(compiled) -> dict:

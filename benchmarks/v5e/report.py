@@ -12,18 +12,15 @@ the device's files the tables have their deviceless columns only.
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import re
 import statistics
 import sys
-import tarfile
 from pathlib import Path
 
-from run import CHIP, VARIANTS, hlo_name, key  # beside this file
+from run import CHIP, VARIANTS, gib, hlo_name, hlo_texts, key  # beside this file
 
-GiB = 2**30
 # The commands that wrote the files in benchmarks/results/v5e/raw (the device's
 # on a lent machine, $OUT its output folder); change them with the files.
 COMMANDS = {
@@ -43,18 +40,6 @@ def load(raw: Path) -> dict:
         path = raw / f"{label}.json"
         found[label] = json.loads(path.read_text()) if path.exists() else None
     return found
-
-
-def hlo_texts(raw: Path) -> dict[str, str]:
-    texts = {}
-    for archive in sorted(raw.glob("hlo-*.tar.gz")):
-        with tarfile.open(archive) as tar:
-            for member in tar.getmembers():
-                if member.isfile():
-                    data = tar.extractfile(member).read()
-                    name = Path(member.name).name.removesuffix(".txt.gz")
-                    texts[name] = gzip.decompress(data).decode()
-    return texts
 
 
 _METADATA = re.compile(r",?\s*metadata=\{[^{}]*\}")
@@ -85,10 +70,6 @@ def normalized(hlo: str) -> str:
                 pass  # not JSON: compared as printed
         out.append(line)
     return "\n".join(out)
-
-
-def gib(n) -> str:
-    return "-" if n is None else f"{n / GiB:.3f}"
 
 
 def seconds(x) -> str:

@@ -109,6 +109,7 @@ def _load_h200():
 
 _H200 = _load_h200()
 key, hlo_name, jitted = _H200.key, _H200.hlo_name, _H200.jitted
+gib, hlo_texts = _H200.gib, _H200.hlo_texts
 memory, ops, materialize, time_steps = _H200.memory, _H200.ops, _H200.materialize, _H200.time_steps
 
 
