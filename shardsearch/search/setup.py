@@ -528,7 +528,7 @@ def _say_unoffered(found: Mapping[str, tuple[int, ...]], offered: Mapping[str, A
     # On one device (planning remat and microbatches for one chip) no point
     # can be placed whatever the model: only a bad name is worth a warning.
     unplaced = {n: why for n, why in left.items()
-                if not (one_device and why.startswith("the mesh"))}
+                if not (one_device and n.removeprefix(_activations.PREFIX).isidentifier())}
     if chosen is True and unplaced:
         warnings.warn(ShardsearchWarning(
             "optimize: activation points get no knob (XLA places them): " + "; ".join(
