@@ -123,9 +123,9 @@ def derive_topology(chip: str, devices: int) -> str:
     """The topology a chip's compiler is asked for, from the device count.
 
     A TPU torus is as square as the count allows, small dims first (v5e 8 →
-    `2x4`, 256 → `16x16`, 1 → `1x1`; v5p 64 → `4x4x4`, 16 → `2x2x4`, 4 → `2x2x1`,
-    2 → `2x1x1`); GPUs
-    are one slice of hosts with 8 devices each (96 → `1x12x8`, 4 → `1x1x4`).
+    `2x4`, 256 → `16x16`, 1 → `1x1`; v5p 64 → `4x4x4`, 16 → `2x2x4`, 4 →
+    `2x2x1`, 2 → `2x1x1`); GPUs are one slice of hosts with 8 devices each
+    (96 → `1x12x8`, 4 → `1x1x4`).
 
     Raises:
       ValueError: a count the chip's topologies cannot have.
