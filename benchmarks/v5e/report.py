@@ -25,7 +25,7 @@ from run import CHIP, VARIANTS, gib, hlo_name, hlo_texts, key  # beside this fil
 # on a lent machine, $OUT its output folder); change them with the files.
 COMMANDS = {
     "deviceless": "python benchmarks/v5e/run.py deviceless benchmarks/results/v5e/raw",
-    "device": "python3 benchmarks/v5e/run.py device $OUT --only gpt:small",
+    "device": "python3 benchmarks/v5e/run.py device $OUT",
 }
 FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
           "temp_size_in_bytes", "peak_memory_in_bytes", "generated_code_size_in_bytes")
