@@ -54,7 +54,27 @@ def test_a_custom_name_spells_the_shape_and_rebuilds_the_same_workload():
     again = get_workload(w.name)
     assert (again.n_params, again.flops_per_step) == (w.n_params, w.flops_per_step)
     assert w.stacked
-    with pytest.raises(ValueError, match="abstract-only"):
+    state, batch = w.init(0)  # a custom shape runs: the measured objective needs it
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), (state, batch)) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), w.abstract())
+
+
+def test_a_shape_whose_arrays_outgrow_the_host_is_refused_before_anything_is_made(monkeypatch):
+    from shardsearch.workloads import _workload
+
+    w = get_workload("llama:custom", **SMALL)
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(w.abstract()))
+    made = []
+    monkeypatch.setattr(_workload.np.random, "default_rng",
+                        lambda *a: made.append(a) or pytest.fail("drew arrays"))
+    monkeypatch.setattr(_workload, "meminfo_bytes",
+                        lambda key: {"MemAvailable": 2 * state_bytes - 1}[key])
+    with pytest.raises(ValueError, match=r"init\(\) would hold .* on this host .* is available; "
+                       r"plan for it without running it \(objective 'static'"):
+        w.init(0)
+    assert made == []
+    monkeypatch.setattr(_workload, "meminfo_bytes", lambda key: None)  # not Linux: no check
+    with pytest.raises(pytest.fail.Exception, match="drew arrays"):
         w.init(0)
 
 

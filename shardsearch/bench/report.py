@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..base.host import meminfo_bytes, proc_field
 from ..base.jsonfile import read_json
 from ..base.units import format_bytes as _bytes
 from ..base.warnings import ShardsearchWarning
@@ -45,10 +46,10 @@ def machine_info(command: str = "") -> dict[str, Any]:
     except AttributeError:  # not on Linux
         usable = os.cpu_count()
     return {
-        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or None,
+        "cpu": proc_field("/proc/cpuinfo", "model name") or platform.processor() or None,
         "cores": os.cpu_count(),
         "cores_usable": usable,
-        "memory_bytes": _meminfo_bytes(),
+        "memory_bytes": meminfo_bytes("MemTotal"),
         "os": platform.platform(),
         "devices": {"platform": devices[0].platform, "device_kind": devices[0].device_kind,
                     "count": len(devices)},
@@ -56,26 +57,6 @@ def machine_info(command: str = "") -> dict[str, Any]:
         "command": command,
         "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-
-
-def _proc_field(path: str, key: str) -> str | None:
-    try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        name, sep, value = line.partition(":")
-        if sep and name.strip() == key:
-            return value.strip()
-    return None
-
-
-def _meminfo_bytes() -> int | None:
-    value = _proc_field("/proc/meminfo", "MemTotal")  # "24567356 kB"
-    if not value:
-        return None
-    number, _, unit = value.partition(" ")
-    return int(number) * (1024 if unit.strip().lower() == "kb" else 1)
 
 
 # --------------------------------------------------------------------------- speedups

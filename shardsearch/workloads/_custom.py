@@ -4,9 +4,11 @@
 head_dim=128, d_ff=28672, vocab=32000, seq=2048, batch=1536,
 compute_dtype="bfloat16")` builds the Llama workload at that shape; the
 same keys in a JSON object (`"llama:custom:shape.json"`) do it from a file,
-which is what the CLI's `--workload` takes. A custom workload is abstract
-only (planned for, never run here), its layers stacked under `lax.scan` with
-remat, as the published MaxText and Megatron-LM runs train.
+which is what the CLI's `--workload` takes. Its layers are stacked under
+`lax.scan` with remat, as the published MaxText and Megatron-LM runs train.
+It is planned for from its abstract arguments (`--target`, objective
+"static"), and run (objective "measured") when its state fits the host's
+available memory: `init` says so before allocating otherwise.
 
 The workload's name spells its whole shape as compact JSON, every default
 filled in, in a fixed key order (`canonical_name`), e.g.
@@ -74,7 +76,7 @@ def custom_workload(model: str, spec: Mapping[str, Any], where: str = "") -> Wor
         where: how errors name the spec's origin (a file), e.g. "shape.json".
 
     Returns:
-        An abstract-only, stacked, rematerialised workload named
+        A stacked, rematerialised workload named
         `canonical_name(model, ...)`.
 
     Raises:
@@ -161,7 +163,7 @@ def _config(model: str, spec: Mapping[str, Any], dtype: str,
               "n_heads": spec["heads"], "d_ff": spec["d_ff"], "stacked": True,
               # "full" is the default, spelled True: one name for one workload.
               "remat": True if spec.get("remat", "full") == "full" else spec["remat"],
-              "abstract_only": True, "compute_dtype": dtype,
+              "abstract_only": False, "compute_dtype": dtype,
               "activation_sharding": activations,
               "attention_chunk": spec.get("attention_chunk"),
               "loss_chunk": spec.get("loss_chunk")}

@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..base.host import meminfo_bytes
 from ..base.knobs import GRAD_GROUPS, MICROBATCHES, Knobs
+from ..base.units import format_bytes
 from . import _activations, _params, _train
 
 StepFn = Callable[[Any, Any], tuple[Any, dict]]
@@ -100,6 +102,26 @@ class Workload:
                             f"{type(self.knobs).__name__}")
 
 
+HOST_COPIES = 2
+"""Copies of a workload's state and batch `init` holds on the host at its
+peak: the numpy arrays it draws and the arrays made from them."""
+
+
+def _check_host_memory(name: str, n_params: int, abstract: Any) -> None:
+    """Refuses an `init` whose arrays would not fit in the host's available
+    memory (when Linux says what that is), before anything is allocated."""
+    need = HOST_COPIES * sum(math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize
+                             for leaf in jax.tree_util.tree_leaves(abstract))
+    available = meminfo_bytes("MemAvailable")
+    if available is not None and need > available:
+        raise ValueError(
+            f"workload {name!r}: init() would hold {format_bytes(need)} on this host "
+            f"({n_params:,} parameters, their Adam moments and a batch, {HOST_COPIES} copies "
+            f"while they are made) and {format_bytes(available)} is available; plan for it "
+            "without running it (objective 'static', or --target CHIP), or pick a smaller "
+            "shape")
+
+
 def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.ShapeDtypeStruct],
              make_batch: Callable[[np.random.Generator], dict], loss_fn: _train.LossFn,
              adam: _train.Adam, flops_per_step: float, n_params: int, stacked: bool,
@@ -121,7 +143,9 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
         n_params: analytic parameter count.
         stacked: stack the "layers" list for `lax.scan`.
         dims: named sizes for the plans' divisibility checks.
-        abstract_only: `init` refuses to allocate (real-size presets).
+        abstract_only: `init` refuses to allocate (real-size presets); any
+            other `init` refuses when its arrays would not fit the host's
+            available memory.
         remat: `(the model's remat policy, loss for a policy)` when its
             blocks can be rematerialised: the `remat` knob then offers every
             policy of `REMAT_CHOICES`, the model's own first.
@@ -159,6 +183,7 @@ def assemble(*, name: str, param_spec: dict, batch_shapes: Mapping[str, jax.Shap
                 "to plan for it, or a 'tiny'/'small' preset to run a step")
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
             raise ValueError(f"{name}: init seed must be an int >= 0, got seed={seed!r}")
+        _check_host_memory(name, n_params, abstract())
         rng = np.random.default_rng(int(seed))
         params = layout(_params.materialize(param_spec, rng))
         state = {"params": params, "opt": _train.init_opt_state(params)}
