@@ -175,3 +175,22 @@ def test_a_workload_whose_name_rebuilds_another_step_is_refused(mesh24):
     with pytest.raises(ValueError, match=r"the evaluation worker did not start: .*traces to "
                                          r"another program than the study's"):
         ctx.executor.start()
+
+
+
+def test_tpu_chips_this_process_holds_are_not_handed_to_a_worker(monkeypatch):
+    # libtpu lets one process open a host's chips (on a v5e the worker failed
+    # with "... libtpu multi-process lockfile"): candidates stay in-process.
+    import types
+    import warnings
+
+    from shardsearch.search.execution import isolate
+
+    chip = types.SimpleNamespace(platform="tpu")
+    ctx = types.SimpleNamespace(mesh=types.SimpleNamespace(devices=np.array([chip])))
+    monkeypatch.setattr(isolate.jax, "devices", lambda *a: [chip])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no IsolationWarning: nothing is wrong
+        assert isolate.Isolation.prepare(ctx, None, forced=False) is None
+    with pytest.raises(ValueError, match="this process holds the TPU"):
+        isolate.Isolation.prepare(ctx, None, forced=True)

@@ -139,39 +139,95 @@ def retime_here(
     ctx: Context,
     rounds: int,
 ) -> dict[str, Timing]:
-    """`retime` in this process: what every executor finally runs."""
+    """`retime` in this process: what every executor finally runs.
+
+    Every finalist's arguments stay on the devices between its turns when
+    they fit there together (`fit_together`); otherwise (a model whose state
+    takes most of a chip) each turn places a fresh copy of its arguments and
+    frees what its steps returned, so one finalist's arrays are on the
+    devices at a time. Either way a timed step follows an untimed one of the
+    same finalist."""
     runners = []
     for label, specs, *own in finalists:
         c = own[0] if own else ctx
         compiled, _ = _evaluate.compile_step(specs, c)
+        runners.append([label, compiled, specs, None, [], c])
+    together = fit_together([r[1].memory_analysis() for r in runners],
+                            device_memory(ctx.mesh))
+    for runner in runners:
+        _label, compiled, specs, _args, _times, c = runner
         args = tuple(_evaluate.place(specs, c))
         for _ in range(c.warmup):
             result, _metrics = compiled.monitored(*args)
             args = _evaluate.next_step(result, args)
             _evaluate.progress(c, "step")
-        runners.append([label, compiled.monitored, args, [], c])
+        runner[3] = args if together else free(args)
     # One untimed step before each timed one when finalists alternate: a plan
     # that follows another pays for what that one left behind. Measured on
     # mlp:small over 8 simulated devices: fsdp's step right after dp's (0.5 s,
     # replicated parameters and moments on every device) took 55-66 ms against
     # 33-39 ms after any other plan, whichever plan came after dp; one settling
     # step in between took the whole difference (benchmarks/recheck/neighbours.py).
-    settle = 1 if len(runners) > 1 else 0
+    # Arguments placed afresh get that step whatever the count.
+    settle = 1 if len(runners) > 1 or not together else 0
     for _ in range(rounds):
         for runner in runners:
-            _label, monitored, args, times, c = runner
+            _label, compiled, specs, args, times, c = runner
+            args = args if together else tuple(_evaluate.place(specs, c))
             for _ in range(settle):
-                result, _metrics = monitored(*args)
+                result, _metrics = compiled.monitored(*args)
                 args = _evaluate.next_step(result, args)
                 _evaluate.progress(c, "step")
-            result, metrics = monitored(*args)
-            runner[2] = _evaluate.next_step(result, args)
+            result, metrics = compiled.monitored(*args)
+            args = _evaluate.next_step(result, args)
+            runner[3] = args if together else free(args)
             times.append(metrics["execution_time"])
             _evaluate.progress(c, "step")
     return {
         label: Timing(label, tuple(times), statistics.median(times), median_ci(times))
-        for label, _m, _a, times, _c in runners
+        for label, _c, _s, _a, times, _ctx in runners
     }
+
+
+def device_memory(mesh: Any) -> int | None:
+    """Bytes one device of `mesh` can hold ("bytes_limit" of its memory
+    statistics), or None where the runtime says nothing (CPU devices)."""
+    device = mesh.devices.flat[0]
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # compile-only devices, runtimes without statistics
+        return None
+    limit = stats.get("bytes_limit")
+    return int(limit) if isinstance(limit, int | float) and limit > 0 else None
+
+
+def fit_together(analyses: Sequence[Any], limit: int | None) -> bool:
+    """Whether programs whose memory analyses are `analyses` can keep their
+    arguments on one device together while each runs in turn: every
+    program's arguments, plus the largest of what one needs beside its own
+    arguments at its peak, within `limit` bytes (None: no limit known).
+
+    Example:
+      >>> a = types.SimpleNamespace(argument_size_in_bytes=4, temp_size_in_bytes=7,
+      ...                           peak_memory_in_bytes=0)
+      >>> fit_together([a, a], 15), fit_together([a, a], 14)
+      (True, False)
+    """
+    if limit is None:
+        return True
+    arguments = [int(a.argument_size_in_bytes) for a in analyses]
+    beside = [max(int(getattr(a, "peak_memory_in_bytes", 0) or 0) - int(n),
+                  int(a.temp_size_in_bytes))
+              for a, n in zip(analyses, arguments, strict=True)]
+    return sum(arguments) + max(beside, default=0) <= limit
+
+
+def free(tree: Any) -> None:
+    """Frees the device buffers of a tree of arrays now (not when Python
+    collects them), so the next program finds their memory."""
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
 
 
 def compare_outputs(
@@ -201,9 +257,11 @@ def compare_outputs_here(
     outputs = []
     for s, c in ((specs, ctx), (reference_specs, ctx.with_setting(()))):
         compiled, _ = _evaluate.compile_step(s, c)
-        result, _metrics = compiled.monitored(*_evaluate.place(s, c))
+        args = _evaluate.place(s, c)
+        result, _metrics = compiled.monitored(*args)
         _evaluate.progress(c, "step")
         outputs.append(_evaluate.to_host(result))
+        free((args, result))  # the reference's step must find the devices empty
     (state, metrics), (ref_state, ref_metrics) = outputs
     match = True
     for got, want in zip(jax.tree.leaves(metrics), jax.tree.leaves(ref_metrics), strict=True):

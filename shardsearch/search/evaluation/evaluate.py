@@ -358,11 +358,14 @@ def compile_and_score(
     try:
         compiled, compile_seconds = compile_step(specs, ctx)
     except Exception as err:  # any compile error is the candidate's, not the study's
-        refusal = over_chip_memory(err) if ctx.target is not None else None
+        refusal = over_chip_memory(err)
         if refusal is not None:
+            # The compiler of a chip (deviceless or real) refuses a program
+            # over its memory: a verdict on the candidate, like a budget's.
+            chip = (ctx.target.chip if ctx.target is not None
+                    else ctx.mesh.devices.flat[0].device_kind)
             return Outcome(fp, CUT, Stage.COMPILE, f"over the chip's memory: "
-                           f"{ctx.target.chip}'s compiler refused it ({refusal})",
-                           memory=memory)
+                           f"{chip}'s compiler refused it ({refusal})", memory=memory)
         return Outcome(fp, FAILED, None, f"compile failed: {type(err).__name__}: {err}",
                        memory=memory)
     program = ProgramCost.from_compiled(compiled)

@@ -185,7 +185,8 @@ class Isolation(Base):
 
         Returns None, with an `IsolationWarning`, when they cannot travel and
         isolation was not `forced`; None without a warning in a multi-process
-        run (`jax.process_count() > 1`), where candidates run in-process.
+        run (`jax.process_count() > 1`) and on TPU chips this process holds
+        (libtpu lets one process open them), where candidates run in-process.
 
         Raises:
           ValueError: `forced` and they cannot travel.
@@ -199,6 +200,15 @@ class Isolation(Base):
                                  "isolate=None or False")
             return None
         device = ctx.mesh.devices.flat[0]
+        if device.platform == "tpu" and device in jax.devices():
+            # libtpu lets one process hold a host's chips: a worker could not
+            # open them while this process does (measured on a v5e: "Unable to
+            # initialize backend 'tpu': ... libtpu multi-process lockfile").
+            if forced:
+                raise ValueError("optimize: isolate=True, but this process holds the TPU "
+                                 "and a worker process cannot open it while it does; pass "
+                                 "isolate=None or False (--no-isolate)")
+            return None
         program, why = package_step(ctx.step, workload, ctx.abstract_args, device.platform,
                                     ctx.knobs)
         why = "; ".join(w for w in (why, travels(ctx.objective),
