@@ -710,6 +710,17 @@ SLICING = """\
   %b = f32[1,128]{1,0} bitcast(%param_1)
   ROOT %dus = f32[8,128]{1,0} dynamic-update-slice(%param_0, %b, %param_2, %zero)
 }
+
+%put_row_and_negate (a: f32[8,128], b: f32[128], c: s32[]) -> (f32[8,128], f32[128]) {
+  %param_0 = f32[8,128]{1,0} parameter(0)
+  %param_1 = f32[128]{0} parameter(1)
+  %param_2 = s32[] parameter(2)
+  %zero = s32[] constant(0)
+  %b = f32[1,128]{1,0} bitcast(%param_1)
+  %dus = f32[8,128]{1,0} dynamic-update-slice(%param_0, %b, %param_2, %zero)
+  %n = f32[128]{0} negate(%param_1)
+  ROOT %t = (f32[8,128]{1,0}, f32[128]{0}) tuple(%dus, %n)
+}
 """
 
 
@@ -728,6 +739,15 @@ SLICING = """\
             "%u = f32[8,128]{1,0} fusion(%p, %v, %i), kind=kLoop, calls=%put_row",
             512 + 512 + 4,
         ),  # updates the buffer in place: the row in, the row out
+        (
+            # As a scan saves a layer's activation in its stacked buffer beside
+            # another output (libtpu's multi-output fusions do): the row in,
+            # the row and its negation out, the buffer updated in place.
+            "%i = s32[] parameter(1)\n  %v = f32[128]{0} parameter(2)\n  "
+            "%u = (f32[8,128]{1,0}, f32[128]{0}) fusion(%p, %v, %i), kind=kLoop, "
+            "calls=%put_row_and_negate",
+            512 + 512 + 512 + 4,
+        ),
         (
             # The same fusion, asynchronous, as jax 0.11's GPU compiler runs a
             # scan's slices: its shape is ((operands), result, context).
@@ -776,12 +796,25 @@ SLICING = """\
         ),
     ],
     ids=["elementwise", "slice", "dynamic-slice fusion", "in-place update fusion",
+         "in-place update in a multi-output fusion",
          "async dynamic-slice fusion", "async in-place update fusion", "async slice",
          "async copy", "async collective-permute", "async all-gather", "plumbing"],
 )
 def test_bytes_accessed_per_instruction(line, expected):
     hlo = cost(module(line, computations=SLICING))
     assert hlo.bytes_accessed == hlo.bytes_accessed_once == expected
+
+
+def test_kernels_hold_each_scheduled_instructions_flops_and_bytes_per_step():
+    hlo = cost(_dot_loop(5))
+    fusion = 4096 + 16384 + 1024  # reads x and w, writes the product
+    kernels = sorted(hlo.kernels, key=lambda k: (-sum(f for _, f in k[0]), -k[1]))
+    # The fusion in the body, 5 trips; the dot beside the loop; then the
+    # counter's add (5 trips) and the condition's compare (6 runs), no flops.
+    assert kernels == [((("f32", 5 * DOT),), 5 * fusion), ((("f32", DOT),), fusion),
+                       ((), 5 * 3 * 4), ((), 6 * (2 * 4 + 1))]
+    assert sum(f for k in hlo.kernels for _, f in k[0]) == hlo.dot_flops
+    assert sum(b for _, b in hlo.kernels) == hlo.bytes_accessed
 
 
 def test_bytes_accessed_counts_loop_trips_and_not_fused_bodies():

@@ -195,11 +195,13 @@ def refusal(text: str) -> str | None:
     return next(line for line in text.splitlines() if "RESOURCE_EXHAUSTED" in line).strip()
 
 
-def compile_variant(name: str, knobs: dict, mesh, label: str, out: Path, run: bool) -> dict:
-    """One variant compiled for `mesh` (and run on it when `run`); its record."""
+def compile_variant(name: str, knobs: dict, mesh, label: str, out: Path, run: bool,
+                    workload=None) -> dict:
+    """One variant compiled for `mesh` (and run on it when `run`); its record.
+    `workload`: the workload to use instead of `get(name)`."""
     import gzip
 
-    workload = get(name)
+    workload = get(name) if workload is None else workload
     rec: dict = {"workload": name, "knobs": knobs, "flops_per_step": workload.flops_per_step,
                  "n_params": workload.n_params}
     fn, abstract = jitted(workload, knobs, mesh)

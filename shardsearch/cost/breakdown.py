@@ -3,12 +3,18 @@
 A `Breakdown` is what `HardwareModel.breakdown` returns and what every
 estimated trial records. Its parts add up to the estimate:
 
-    total = max(compute, memory) + communication - hidden
-    hidden = overlap * min(max(compute, memory), communication)
+    total = roofline + communication - hidden
+    roofline = kernels if priced per kernel, else max(compute, memory)
+    hidden = overlap * min(roofline, communication)
 
 so `overlap` 0 charges communication after the compute (nothing overlaps),
 and 1 charges only the larger of the two (communication runs entirely beside
-the compute, as XLA's asynchronous collectives can).
+the compute, as XLA's asynchronous collectives can). `kernels`, where the
+model prices each kernel of the program by its own roofline
+(`HardwareModel.per_op`), is the sum over kernels of the larger of their
+compute and memory seconds: never less than max(compute, memory), since a
+matmul that waits for its operands and an elementwise pass that leaves the
+matrix unit idle each take their own time.
 
 Example:
   >>> b = Breakdown(compute=2.0, memory=1.0, overlap=0.5,
@@ -75,18 +81,22 @@ class Breakdown:
       collectives: one entry per (kind, axes), in order of first appearance.
       overlap: the fraction of the smaller of compute-or-memory and
         communication that runs concurrently with the other (0..1).
+      kernels: the per-kernel roofline in seconds (module doc); 0.0 where
+        the model does not price kernels (the roofline is then
+        max(compute, memory)).
     """
 
     compute: float
     memory: float
     collectives: tuple[CollectiveCost, ...] = ()
     overlap: float = 0.0
+    kernels: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "collectives", tuple(self.collectives))
         if not (isinstance(self.overlap, int | float) and 0 <= self.overlap <= 1):
             raise ValueError(f"Breakdown.overlap={self.overlap!r} must be in [0, 1]")
-        for field in ("compute", "memory"):
+        for field in ("compute", "memory", "kernels"):
             positive(getattr(self, field), f"Breakdown.{field}", zero=True)
 
     @property
@@ -96,7 +106,8 @@ class Breakdown:
 
     @property
     def roofline(self) -> float:
-        return max(self.compute, self.memory)
+        """`kernels` where they are priced, else max(compute, memory)."""
+        return self.kernels or max(self.compute, self.memory)
 
     @property
     def communication(self) -> float:
@@ -114,10 +125,13 @@ class Breakdown:
 
     def to_json(self) -> dict[str, Any]:
         """The recorded form (trials' user attrs, plan files' results rows)."""
-        return {"total": self.total, "compute": self.compute, "memory": self.memory,
-                "communication": self.communication, "hidden": self.hidden,
-                "overlap": self.overlap,
-                "collectives": [c.to_json() for c in self.collectives]}
+        out = {"total": self.total, "compute": self.compute, "memory": self.memory,
+               "communication": self.communication, "hidden": self.hidden,
+               "overlap": self.overlap,
+               "collectives": [c.to_json() for c in self.collectives]}
+        if self.kernels:  # records of models that price no kernel keep their form
+            out["kernels"] = self.kernels
+        return out
 
     @classmethod
     def from_json(cls, data: Any, where: str = "breakdown") -> Breakdown:
@@ -131,12 +145,14 @@ class Breakdown:
         return cls(positive(data.get("compute"), f"{where}.compute", zero=True),
                    positive(data.get("memory"), f"{where}.memory", zero=True),
                    tuple(CollectiveCost.from_json(r, f"{where}.collectives[{i}]")
-                         for i, r in enumerate(rows)), overlap)
+                         for i, r in enumerate(rows)), overlap,
+                   positive(data.get("kernels", 0.0), f"{where}.kernels", zero=True))
 
     def lines(self) -> list[str]:
         """A few readable lines, largest collective first, e.g.
         "compute 1.20 s (bound), memory 0.40 s, communication 0.30 s (0.15 s hidden)"."""
-        out = [f"total {format_seconds(self.total)} = {self.bound} {format_seconds(self.roofline)} "
+        roofline = "kernels" if self.kernels else self.bound
+        out = [f"total {format_seconds(self.total)} = {roofline} {format_seconds(self.roofline)} "
                f"+ communication {format_seconds(self.communication)} - hidden "
                f"{format_seconds(self.hidden)} (overlap {self.overlap:g})",
                f"compute {format_seconds(self.compute)}, memory {format_seconds(self.memory)}"]

@@ -46,7 +46,10 @@ NAMED: dict[str, HardwareModel] = {
         # 2 x 100 Gb/s NICs per 8-chip host: ~3.1e9 B/s per chip (scaling book).
         dcn=Link(bandwidth=3.1e9, latency=_DCN_LATENCY),
         overlap=OVERLAPPED,
-        about=(("source", "Cloud TPU v5e docs; JAX scaling book (tpus.md)"),)),
+        about=(("source", "Cloud TPU v5e docs; JAX scaling book (tpus.md)"),),
+        # Measured on one v5e: 13 programs at 0.94-1.09x of their step times
+        # priced per kernel, 0.87-1.47x as a whole (benchmarks/results/v5e/grid.md).
+        per_op=True),
     "tpu-v5p": HardwareModel(
         "tpu-v5p (95 GiB HBM, 3D torus ICI)",
         # bf16 peak 4.59e14 FLOP/s (Cloud TPU v5p docs); f32 matmuls as above.
@@ -87,7 +90,11 @@ NAMED: dict[str, HardwareModel] = {
         dcn=Link(bandwidth=5e10, latency=_DCN_LATENCY),
         overlap=OVERLAPPED,
         about=(("source", "NVIDIA H200 datasheet; JAX scaling book (gpus.md); "
-                "MLCommons system descriptions"),)),
+                "MLCommons system descriptions"),),
+        # Measured on one H200 (benchmarks/results/h200): priced per kernel, its
+        # five programs rank as they ran, as they did as a whole, at 1.9-4.4x
+        # under their step times where the whole-program roofline was 2.4-4.4x.
+        per_op=True),
     "tpu-v4": HardwareModel(
         "tpu-v4 (32 GiB HBM, 3D torus ICI)",
         # bf16 peak 2.75e14 FLOP/s (Cloud TPU v4 docs); f32 matmuls as one bf16

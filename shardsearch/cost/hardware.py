@@ -54,7 +54,7 @@ SCHEMA = 1
 
 _KEYS = ("schema", "name", "flops_per_second", "memory_bandwidth", "memory_bytes",
          "link_bandwidth", "ici", "dcn", "overlap", "mesh", "collectives", "about",
-         "samples")
+         "samples", "per_op")
 
 Fits = tuple[tuple[tuple[str, tuple[str, ...]], LinkFit], ...]
 
@@ -84,6 +84,12 @@ class HardwareModel:
         `cost.breakdown`).
       about: `(key, value)` notes: the machine, JAX version and date of a
         calibration, the sources of a named chip.
+      per_op: price each kernel of the program by its own roofline and sum
+        them (`Breakdown.kernels`), instead of the whole program's
+        max(compute, memory). On one TPU v5e it put 13 programs within
+        0.94-1.09x of their measured step times, where the whole-program
+        roofline was 0.87-1.47x and ordered fewer pairs of knob settings as
+        the chip did (benchmarks/results/v5e/grid.md).
     """
 
     name: str
@@ -97,6 +103,7 @@ class HardwareModel:
     mesh: tuple[tuple[str, int], ...] = ()
     overlap: float = 0.0
     about: tuple[tuple[str, Any], ...] = ()
+    per_op: bool = False
 
     def __post_init__(self) -> None:
         flops = self.flops_per_second
@@ -179,6 +186,9 @@ class HardwareModel:
         else:
             compute = program.flops / self.flops_per_second
         memory = program.bytes_accessed / self.memory_bandwidth
+        kernels = math.fsum(
+            max(math.fsum(f / self.peak(d) for d, f in flops), nbytes / self.memory_bandwidth)
+            for flops, nbytes in program.hlo.kernels) if self.per_op else 0.0
         if self.fits or self.ici is not None:
             if topology is None:
                 raise ValueError(f"{self.name}: charging collectives by mesh axes needs the "
@@ -193,7 +203,7 @@ class HardwareModel:
             row[2] += seconds
         costs = tuple(CollectiveCost(kind, axes, int(n), nbytes, seconds)
                       for (kind, axes), (n, nbytes, seconds) in rows.items())
-        return Breakdown(compute, memory, costs, self.overlap)
+        return Breakdown(compute, memory, costs, self.overlap, kernels)
 
     def _collective(self, c: Collective, topology: Topology | None
                     ) -> tuple[tuple[str, ...], float]:
@@ -256,6 +266,8 @@ class HardwareModel:
                              "bandwidth": fit.bandwidth}
                             for (kind, axes), fit in self.fits],
             "about": dict(self.about),
+            # Only where set: the models that price no kernel keep their form.
+            **({"per_op": True} if self.per_op else {}),
         }
 
     @classmethod
@@ -306,9 +318,12 @@ class HardwareModel:
         memory_bandwidth = field.number("memory_bandwidth")
         link_bandwidth = field.number("link_bandwidth", optional=True)
         ici, dcn, fits = field.link("ici"), field.link("dcn"), field.fits()
+        per_op = data.get("per_op", False)
+        if not isinstance(per_op, bool):
+            raise ValueError(f"{where}: field 'per_op' must be true or false, got {per_op!r}")
         try:
             return cls(name, flops, memory_bandwidth, link_bandwidth, memory_bytes, ici, dcn,
-                       fits, tuple(mesh.items()), overlap, tuple(about.items()))
+                       fits, tuple(mesh.items()), overlap, tuple(about.items()), per_op)
         except ValueError as err:  # what only the whole model can check
             raise ValueError(f"{where}: {err}") from None
 

@@ -318,6 +318,14 @@ class HloCost:
         them, sorted by target, e.g. ``(("ConcatBitcast", 30),)``. The TPU
         compiler's ``optimal_seconds`` charges some of them a sentinel
         (:attr:`shardsearch.cost.program.ProgramCost.compiler_seconds`).
+      kernels: one entry per instruction that runs as a kernel of its own (an
+        unfused instruction or a fusion, of ENTRY or of a loop body or a
+        call), times its executions per step: ``(flops by dtype, bytes)``,
+        the matmul flops it holds as ``(dtype, flops)`` pairs and the bytes it
+        reads and writes, e.g. ``((("bf16", 2.1e12),), 3.4e9)``. A model that
+        prices each kernel by its own roofline reads them
+        (:attr:`shardsearch.cost.hardware.HardwareModel.per_op`). Instructions
+        that move nothing and compute no matmul are left out.
     """
 
     dot_flops: float = 0.0
@@ -327,9 +335,13 @@ class HloCost:
     unknown_ops: tuple[str, ...] = ()
     dot_flops_by_dtype: tuple[tuple[str, float], ...] = ()
     custom_calls_once: tuple[tuple[str, int], ...] = ()
+    kernels: tuple[tuple[tuple[tuple[str, float], ...], float], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "unknown_ops", tuple(self.unknown_ops))
+        object.__setattr__(self, "kernels", tuple(
+            (tuple((str(d), float(f)) for d, f in flops), float(nbytes))
+            for flops, nbytes in self.kernels))
         for field in ("dot_flops", "dot_flops_once", "bytes_accessed", "bytes_accessed_once"):
             value = getattr(self, field)
             if not value >= 0:
@@ -444,6 +456,10 @@ def _costs(module: Module) -> HloCost:
     unknown: dict[str, None] = {}
     by_dtype: dict[str, float] = {}
     custom_calls: dict[str, int] = {}
+    # Matmul flops of one execution of each computation, by dtype: what a
+    # fusion calling it computes.
+    held: dict[str, dict[str, float]] = {}
+    own: dict[tuple[str, str], tuple[str, float]] = {}  # each matmul's, by (computation, name)
     sites = callers(module)
     for computation in module.computations.values():
         count, once = module.counts[computation.name], module.counts_once[computation.name]
@@ -464,10 +480,15 @@ def _costs(module: Module) -> HloCost:
                 continue
             flops += found * count
             flops_once += found * once
-            if found * count:
+            if found:
                 dtype = matmul_dtype(instruction, computation, module, sites)
-                by_dtype[dtype] = by_dtype.get(dtype, 0.0) + found * count
+                mine = held.setdefault(computation.name, {})
+                mine[dtype] = mine.get(dtype, 0.0) + found
+                own[computation.name, instruction.name] = dtype, found
+                if count:
+                    by_dtype[dtype] = by_dtype.get(dtype, 0.0) + found * count
     uses: _Uses = {}
+    kernels = []
     for name in module.scheduled:
         computation = module.computations[name]
         count, once = module.counts[name], module.counts_once[name]
@@ -481,6 +502,10 @@ def _costs(module: Module) -> HloCost:
                 continue
             traffic += size * count
             traffic_once += size * once
+            work = _kernel_flops(instruction, computation, held, own)
+            if count and (size or work):
+                kernels.append((tuple((d, f * count) for d, f in sorted(work.items())),
+                                float(size * count)))
     return HloCost(
         dot_flops=flops,
         dot_flops_once=flops_once,
@@ -489,7 +514,20 @@ def _costs(module: Module) -> HloCost:
         unknown_ops=tuple(unknown),
         dot_flops_by_dtype=tuple(sorted(by_dtype.items())),
         custom_calls_once=tuple(sorted(custom_calls.items())),
+        kernels=tuple(kernels),
     )
+
+
+def _kernel_flops(instruction: Instruction, computation: Computation,
+                  held: dict[str, dict[str, float]],
+                  own: dict[tuple[str, str], tuple[str, float]]) -> dict[str, float]:
+    """The matmul flops by dtype of one execution of a scheduled instruction:
+    its fused body's, or its own when it is an unfused matmul."""
+    if instruction.opcode == "fusion":
+        callee = CALLS.search(instruction.attrs)
+        return held.get(callee["name"], {}) if callee is not None else {}
+    found = own.get((computation.name, instruction.name))
+    return {found[0]: found[1]} if found else {}
 
 
 def _num_devices(header: str | None) -> int | None:
@@ -827,11 +865,7 @@ def _fusion_traffic(
                 users.setdefault(operand, []).append(instruction)
         uses[fused.name] = params, users
     params, users = uses[fused.name]
-    root = _through_bitcasts(fused, fused.root)
-    if root is not None and root.opcode == "dynamic-update-slice":
-        traffic = _operand_bytes(root, 1, fused)
-    else:
-        traffic = _bytes(fusion.shape, fusion.line)
+    traffic = _written(fused, fused.root, fusion.shape, fusion.line)
     for index in range(len(fusion.operands)):
         readers = _readers(params.get(index), users)
         if readers and all(r.opcode in _SLICES and r.operands[0] == via for r, via in readers):
@@ -843,6 +877,22 @@ def _fusion_traffic(
         else:
             traffic += _operand_bytes(fusion, index, computation)
     return traffic
+
+
+def _written(fused: Computation, name: str | None, shape: str, line: str) -> int:
+    """Bytes a fused body's result ``name`` (of ``shape``) writes: an in-place
+    ``dynamic-update-slice`` writes its update only, and a multi-output
+    fusion's tuple root writes each element by the same rule (a layer's
+    saved activation lands in its slot of the loop's stacked buffer)."""
+    root = _through_bitcasts(fused, name)
+    if root is not None and root.opcode == "dynamic-update-slice":
+        return _operand_bytes(root, 1, fused)
+    if root is not None and root.opcode == "tuple" and shape.strip().startswith("("):
+        parts = split_top(shape.strip()[1:-1])
+        if len(parts) == len(root.operands):
+            return sum(_written(fused, operand, part.strip(), line)
+                       for operand, part in zip(root.operands, parts, strict=True))
+    return _bytes(shape, line)
 
 
 def _as_synchronous(start: Instruction) -> Instruction | None:
