@@ -367,3 +367,15 @@ def test_a_published_plan_that_is_no_expert_baseline_starts_the_search(tmp_path)
     assert "compiled here for simulated CPU devices" in text  # not a target suite
     faster = int(record["published"]["winner"]["speedup"] >= 1.10)
     assert f"{faster} of 1 rows: a winner that fits, rated at least 1.10x faster" in text
+
+
+def test_a_breakdown_priced_per_kernel_reads_as_such_in_the_published_tables():
+    from shardsearch.bench.published_report import _bound, _parts
+
+    whole = {"compute": 7.95, "memory": 5.31, "communication": 3.5, "hidden": 3.5}
+    assert _parts(whole) == "compute 7.95 / memory 5.31 / comm 3.5 (hidden 3.5)"
+    assert _bound(whole) == "compute"
+    per_kernel = {**whole, "kernels": 11.5}
+    assert _parts(per_kernel) == ("kernels 11.5 (compute 7.95 / memory 5.31) / comm 3.5 "
+                                  "(hidden 3.5)")
+    assert _bound(per_kernel) == "per kernel"

@@ -32,11 +32,15 @@ def _s(seconds: float | None) -> str:
 
 
 def _parts(b: Mapping[str, Any] | None) -> str:
-    """"compute 7.89 / memory 13.2 / comm 3.13 (hidden 3.13)" in seconds."""
+    """"compute 7.89 / memory 13.2 / comm 3.13 (hidden 3.13)" in seconds;
+    "kernels 11.5 (compute 7.95 / memory 5.31) / comm ..." where the model
+    prices each kernel (`Breakdown.kernels`)."""
     if not b:
         return "-"
-    return (f"compute {_s(b['compute'])} / memory {_s(b['memory'])} / comm "
-            f"{_s(b['communication'])} (hidden {_s(b['hidden'])})")
+    roofline = f"compute {_s(b['compute'])} / memory {_s(b['memory'])}"
+    if b.get("kernels"):
+        roofline = f"kernels {_s(b['kernels'])} ({roofline})"
+    return f"{roofline} / comm {_s(b['communication'])} (hidden {_s(b['hidden'])})"
 
 
 def _largest(b: Mapping[str, Any] | None) -> str:
@@ -50,6 +54,8 @@ def _largest(b: Mapping[str, Any] | None) -> str:
 def _bound(b: Mapping[str, Any] | None) -> str:
     if not b:
         return "-"
+    if b.get("kernels"):
+        return "per kernel"
     return "compute" if b["compute"] >= b["memory"] else "memory"
 
 
