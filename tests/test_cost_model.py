@@ -240,6 +240,21 @@ def test_a_model_priced_per_kernel_charges_each_its_own_roofline():
     assert "kernels" not in whole.breakdown(cost).to_json()  # the old records' form
     assert HardwareModel.from_json(per_op.to_json()).per_op
     assert "per_op" not in whole.to_json()
+    # A program XLA:CPU compiled has the CPU compiler's kernels, not the chip's.
+    on_cpu = dataclasses.replace(cost, platform="cpu")
+    assert per_op.breakdown(on_cpu) == whole.breakdown(on_cpu)
+
+
+def test_a_program_compiled_here_is_priced_whole_by_a_chip_model():
+    import jax
+    import jax.numpy as jnp
+
+    compiled = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(
+        jnp.ones((256, 256)), jnp.ones((256, 256))).compile()
+    program = ProgramCost.from_compiled(compiled)
+    assert program.platform == "cpu" and program.hlo.kernels
+    b = HARDWARE["tpu-v5e"].breakdown(program, Topology(("dp",), (1,)))
+    assert b.kernels == 0.0 and b.total == max(b.compute, b.memory)
 
 
 # --- against a real chip -----------------------------------------------------

@@ -86,7 +86,8 @@ class HardwareModel:
         calibration, the sources of a named chip.
       per_op: price each kernel of the program by its own roofline and sum
         them (`Breakdown.kernels`), instead of the whole program's
-        max(compute, memory). On one TPU v5e it put 13 programs within
+        max(compute, memory), for programs compiled for an accelerator
+        (`prices_kernels`). On one TPU v5e it put 13 programs within
         0.94-1.09x of their measured step times, where the whole-program
         roofline was 0.87-1.47x and ordered fewer pairs of knob settings as
         the chip did (benchmarks/results/v5e/grid.md).
@@ -188,7 +189,7 @@ class HardwareModel:
         memory = program.bytes_accessed / self.memory_bandwidth
         kernels = math.fsum(
             max(math.fsum(f / self.peak(d) for d, f in flops), nbytes / self.memory_bandwidth)
-            for flops, nbytes in program.hlo.kernels) if self.per_op else 0.0
+            for flops, nbytes in program.hlo.kernels) if self.prices_kernels(program) else 0.0
         if self.fits or self.ici is not None:
             if topology is None:
                 raise ValueError(f"{self.name}: charging collectives by mesh axes needs the "
@@ -204,6 +205,15 @@ class HardwareModel:
         costs = tuple(CollectiveCost(kind, axes, int(n), nbytes, seconds)
                       for (kind, axes), (n, nbytes, seconds) in rows.items())
         return Breakdown(compute, memory, costs, self.overlap, kernels)
+
+    def prices_kernels(self, program: ProgramCost) -> bool:
+        """Whether `breakdown` prices `program` kernel by kernel: a `per_op`
+        model, and a program not compiled by XLA:CPU. A CPU program priced
+        with a chip's figures (`--hardware` without `--target`) has the CPU
+        compiler's kernels, not the chip's: the published 16B v5e step so
+        compiled came out 1.86x its published time priced per kernel, 1.28x
+        as a whole (compiled by libtpu: 1.12x and 0.77x)."""
+        return self.per_op and program.platform != "cpu"
 
     def _collective(self, c: Collective, topology: Topology | None
                     ) -> tuple[tuple[str, ...], float]:

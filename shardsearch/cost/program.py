@@ -134,6 +134,8 @@ class ProgramCost:
         it (TPU only: XLA:CPU and the GPU compiler give none), loops counted
         once and unchecked: it can be negative. None when absent. Read it
         through `compiler_seconds`.
+      platform: the platform of the devices it was compiled for ("tpu",
+        "gpu", "cpu"), or None when not known (a summary of HLO text).
     """
 
     xla_flops: float
@@ -143,6 +145,7 @@ class ProgramCost:
     memory: XlaMemory | None = None
     hlo_error: str = ""
     xla_seconds: float | None = None
+    platform: str | None = None
 
     def __post_init__(self) -> None:
         if self.xla_seconds is not None and (
@@ -170,7 +173,8 @@ class ProgramCost:
         seconds = analysis.get("optimal_seconds")
         program = cls.from_hlo(compiled.as_text(), flops, bytes_accessed,
                                XlaMemory.from_compiled(compiled),
-                               None if seconds is None else float(seconds))
+                               None if seconds is None else float(seconds),
+                               _platform(compiled))
         if "flops" not in analysis and program.hlo is not None:
             # The GPU compiler has no cost analysis: the HLO's own loop-once
             # figures stand in, so that the loop-aware ones are the HLO's.
@@ -181,7 +185,8 @@ class ProgramCost:
     @classmethod
     def from_hlo(cls, hlo_text: str, xla_flops: float, xla_bytes_accessed: float,
                  memory: XlaMemory | None = None,
-                 xla_seconds: float | None = None) -> ProgramCost:
+                 xla_seconds: float | None = None,
+                 platform: str | None = None) -> ProgramCost:
         """The summary of HLO text and XLA's figures for it.
 
         Text that `cost.hlo.parse_hlo` cannot read gives a summary with
@@ -192,9 +197,9 @@ class ProgramCost:
             collectives, hlo = parse_hlo(hlo_text)
         except ValueError as err:
             return cls(xla_flops, xla_bytes_accessed, None, None, memory, str(err) or
-                       "unreadable HLO text", xla_seconds)
+                       "unreadable HLO text", xla_seconds, platform)
         return cls(xla_flops, xla_bytes_accessed, collectives, hlo, memory,
-                   xla_seconds=xla_seconds)
+                   xla_seconds=xla_seconds, platform=platform)
 
     def notes(self) -> tuple[str, ...]:
         """What the model could not count in this program, as notes
