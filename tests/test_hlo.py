@@ -721,6 +721,13 @@ SLICING = """\
   %n = f32[128]{0} negate(%param_1)
   ROOT %t = (f32[8,128]{1,0}, f32[128]{0}) tuple(%dus, %n)
 }
+
+%negate_taken_row (a: f32[8,128], b: s32[]) -> f32[128] {
+  %param_0 = f32[8,128]{1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %row = f32[128]{0} fusion(%param_0, %param_1), kind=kLoop, calls=%take_row
+  ROOT %n = f32[128]{0} negate(%row)
+}
 """
 
 
@@ -739,6 +746,14 @@ SLICING = """\
             "%u = f32[8,128]{1,0} fusion(%p, %v, %i), kind=kLoop, calls=%put_row",
             512 + 512 + 4,
         ),  # updates the buffer in place: the row in, the row out
+        (
+            # A matmul fusion of a scan's body takes its layer's weights out of
+            # the stacked ones through a fusion nested in its own (libtpu's):
+            # the row it slices, not the whole operand.
+            "%i = s32[] parameter(1)\n  %r = f32[128]{0} fusion(%p, %i), kind=kOutput, "
+            "calls=%negate_taken_row",
+            512 + 512 + 4,
+        ),
         (
             # As a scan saves a layer's activation in its stacked buffer beside
             # another output (libtpu's multi-output fusions do): the row in,
@@ -796,7 +811,7 @@ SLICING = """\
         ),
     ],
     ids=["elementwise", "slice", "dynamic-slice fusion", "in-place update fusion",
-         "in-place update in a multi-output fusion",
+         "slice in a nested fusion", "in-place update in a multi-output fusion",
          "async dynamic-slice fusion", "async in-place update fusion", "async slice",
          "async copy", "async collective-permute", "async all-gather", "plumbing"],
 )

@@ -843,7 +843,7 @@ def _traffic(
         callee = CALLS.search(instruction.attrs)
         if callee is not None:
             fused = module.computations[callee["name"]]
-            return _fusion_traffic(instruction, computation, fused, uses)
+            return _fusion_traffic(instruction, computation, fused, module, uses)
     return _bytes(instruction.shape, instruction.line) + sum(
         _operand_bytes(instruction, index, computation)
         for index in range(len(instruction.operands))
@@ -854,8 +854,19 @@ def _fusion_traffic(
     fusion: Instruction,
     computation: Computation,
     fused: Computation,
+    module: Module,
     uses: _Uses,
 ) -> int:
+    params, users = _uses_of(fused, uses)
+    traffic = _written(fused, fused.root, fusion.shape, fusion.line)
+    for index in range(len(fusion.operands)):
+        read = _param_reads(params.get(index), users, module, uses)
+        traffic += _operand_bytes(fusion, index, computation) if read is None else read
+    return traffic
+
+
+def _uses_of(fused: Computation, uses: _Uses) -> tuple[dict[int, str], dict[str, list]]:
+    """A fused body's parameters by index and each value's users (cached)."""
     if fused.name not in uses:
         params, users = {}, {}
         for instruction in fused.instructions.values():
@@ -864,19 +875,38 @@ def _fusion_traffic(
             for operand in instruction.operands:
                 users.setdefault(operand, []).append(instruction)
         uses[fused.name] = params, users
-    params, users = uses[fused.name]
-    traffic = _written(fused, fused.root, fusion.shape, fusion.line)
-    for index in range(len(fusion.operands)):
-        readers = _readers(params.get(index), users)
-        if readers and all(r.opcode in _SLICES and r.operands[0] == via for r, via in readers):
-            traffic += sum(_bytes(r.shape, r.line) for r, _ in readers)
-        elif readers and all(
-            r.opcode == "dynamic-update-slice" and r.operands[0] == via for r, via in readers
-        ):
+    return uses[fused.name]
+
+
+def _param_reads(name: str | None, users: dict[str, list[Instruction]], module: Module,
+                 uses: _Uses) -> int | None:
+    """Bytes a fused body reads of its parameter `name`: the slices it takes
+    of it, nothing where it updates it in place, and, where a fusion nested in
+    the body takes it, what that body reads of it (a layer's weights sliced
+    out of the scan's stacked ones, one fusion deeper). None when it reads
+    it whole, or in a way not followed (then the whole operand counts)."""
+    readers = _readers(name, users)
+    if not readers:
+        return None
+    total = 0
+    for reader, via in readers:
+        if reader.opcode in _SLICES and reader.operands[0] == via:
+            total += _bytes(reader.shape, reader.line)
+        elif reader.opcode == "dynamic-update-slice" and reader.operands[0] == via:
             continue  # the buffer updated in place
+        elif reader.opcode == "fusion" and (callee := CALLS.search(reader.attrs)):
+            inner = module.computations[callee["name"]]
+            params, inner_users = _uses_of(inner, uses)
+            for index, operand in enumerate(reader.operands):
+                if operand != via:
+                    continue
+                read = _param_reads(params.get(index), inner_users, module, uses)
+                if read is None:
+                    return None
+                total += read
         else:
-            traffic += _operand_bytes(fusion, index, computation)
-    return traffic
+            return None
+    return total
 
 
 def _written(fused: Computation, name: str | None, shape: str, line: str) -> int:
