@@ -161,7 +161,10 @@ def retime_here(
             result, _metrics = compiled.monitored(*args)
             args = _evaluate.next_step(result, args)
             _evaluate.progress(c, "step")
-        runner[3] = args if together else free(args)
+        if together:
+            runner[3] = args
+        else:
+            free(args)
     # One untimed step before each timed one when finalists alternate: a plan
     # that follows another pays for what that one left behind. Measured on
     # mlp:small over 8 simulated devices: fsdp's step right after dp's (0.5 s,
@@ -180,7 +183,10 @@ def retime_here(
                 _evaluate.progress(c, "step")
             result, metrics = compiled.monitored(*args)
             args = _evaluate.next_step(result, args)
-            runner[3] = args if together else free(args)
+            if together:
+                runner[3] = args
+            else:
+                free(args)
             times.append(metrics["execution_time"])
             _evaluate.progress(c, "step")
     return {
