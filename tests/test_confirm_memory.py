@@ -80,6 +80,14 @@ def test_fit_together_counts_every_argument_and_the_largest_working_set():
     assert not _confirm.fit_together(pair, 14)
     # A TPU peak above arguments + temporaries counts as what the program needs.
     assert not _confirm.fit_together([analysis(4, 1, peak=12), analysis(4, 1)], 15)
+    # The 400M llama's two finalists on a v5e (arguments 4.47 GiB, peak
+    # 9.44 GiB, temporaries 7.26 GiB) against the chip's 15.75 GiB: the chip
+    # refused the second's load ("Attempting to reserve 7.24G ... 6.80G free"),
+    # though two arguments and one peak less arguments come to 13.9 GiB.
+    gib = 2**30
+    llama = analysis(int(4.47 * gib), int(7.26 * gib), peak=int(9.44 * gib))
+    assert not _confirm.fit_together([llama, llama], int(15.75 * gib))
+    assert _confirm.fit_together([llama], int(15.75 * gib))
 
 
 def test_the_output_check_frees_the_first_step_before_the_reference_runs(

@@ -211,7 +211,11 @@ def fit_together(analyses: Sequence[Any], limit: int | None) -> bool:
     """Whether programs whose memory analyses are `analyses` can keep their
     arguments on one device together while each runs in turn: every
     program's arguments, plus the largest of what one needs beside its own
-    arguments at its peak, within `limit` bytes (None: no limit known).
+    arguments (the larger of its peak less its arguments and its
+    temporaries: a v5e reserves the compiler's temporaries figure when it
+    loads a program, "Attempting to reserve 7.24G" for a 400M llama whose
+    peak less arguments is 4.97 GiB), within `limit` bytes (None: no limit
+    known).
 
     Example:
       >>> a = types.SimpleNamespace(argument_size_in_bytes=4, temp_size_in_bytes=7,
@@ -222,7 +226,7 @@ def fit_together(analyses: Sequence[Any], limit: int | None) -> bool:
     if limit is None:
         return True
     arguments = [int(a.argument_size_in_bytes) for a in analyses]
-    beside = [max(int(getattr(a, "peak_memory_in_bytes", 0) or 0) - int(n),
+    beside = [max(int(getattr(a, "peak_memory_in_bytes", 0) or 0) - n,
                   int(a.temp_size_in_bytes))
               for a, n in zip(analyses, arguments, strict=True)]
     return sum(arguments) + max(beside, default=0) <= limit
