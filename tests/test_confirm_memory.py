@@ -6,6 +6,7 @@ import types
 import jax
 import pytest
 
+from shardsearch.base import mesh as _mesh
 from shardsearch.search import Candidate, make_context, resolve
 from shardsearch.search.evaluation import confirm as _confirm
 from shardsearch.search.evaluation import evaluate as _evaluate
@@ -41,7 +42,7 @@ def _placements(monkeypatch):
 def test_finalists_that_do_not_fit_together_hold_the_devices_one_at_a_time(
         finalists, monkeypatch):
     ctx, pairs = finalists
-    monkeypatch.setattr(_confirm, "device_memory", lambda mesh: 1)
+    monkeypatch.setattr(_mesh, "device_memory", lambda mesh: 1)
     placed = _placements(monkeypatch)
     live_at_placement = []
     real_place = _evaluate.place
@@ -62,7 +63,7 @@ def test_finalists_that_do_not_fit_together_hold_the_devices_one_at_a_time(
 
 def test_finalists_that_fit_together_stay_on_the_devices(finalists, monkeypatch):
     ctx, pairs = finalists
-    monkeypatch.setattr(_confirm, "device_memory", lambda mesh: None)
+    monkeypatch.setattr(_mesh, "device_memory", lambda mesh: None)
     placed = _placements(monkeypatch)
     timings = _confirm.retime_here(pairs, ctx, rounds=3)
     assert {k: len(t.times) for k, t in timings.items()} == {"replicated": 3, "dp": 3}
@@ -118,3 +119,17 @@ def test_a_program_the_devices_compiler_refuses_over_memory_is_cut_not_failed(
     assert outcome.reason == (f"over the chip's memory: {kind}'s compiler refused it (Ran out "
                               "of memory on HBM, the total memory required for HLO temporaries "
                               "(50.23G) exceeds available HBM (15.75G))")
+
+
+def test_device_memory_is_the_runtimes_limit_read_from_a_device_of_this_process(mesh24):
+    import numpy as np
+
+    assert _mesh.device_memory(mesh24) is None  # XLA:CPU reports no limit
+
+    def device(process, limit):
+        return types.SimpleNamespace(process_index=process,
+                                     memory_stats=lambda: {"bytes_limit": limit})
+
+    other, mine = device(jax.process_index() + 1, 1), device(jax.process_index(), 16 << 30)
+    mesh = types.SimpleNamespace(devices=np.array([other, mine]))
+    assert _mesh.device_memory(mesh) == 16 << 30

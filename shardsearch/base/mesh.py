@@ -36,6 +36,17 @@ def device_count(mesh: AnyMesh) -> int:
     return math.prod(mesh.axis_sizes)
 
 
+def device_memory(mesh: Mesh) -> int | None:
+    """Bytes one device of `mesh` can hold, as its runtime reports them
+    ("bytes_limit" of `memory_stats()`), read from a device of this process
+    (in a mesh across processes the others' have no statistics here); None
+    where the runtime reports none (CPU devices)."""
+    here = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    stats = (here or list(mesh.devices.flat))[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    return int(limit) if isinstance(limit, int | float) and limit > 0 else None
+
+
 def create_mesh(
     axis_dims: Sequence[int],
     axis_names: Sequence[str],

@@ -60,7 +60,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..base.mesh import axes_text, axis_sizes, device_count
+from ..base.mesh import axes_text, axis_sizes, device_count, device_memory
 from ..base.units import format_bytes
 from .hardware import HardwareModel, collective_axes
 from .hlo import COLLECTIVE_KINDS
@@ -326,8 +326,7 @@ def calibrate(
         raise RuntimeError(f"calibrate: no collective could be fitted: {'; '.join(skipped)}")
     seconds = time.perf_counter() - start
     device = mesh.devices.flat[0]
-    stats = device.memory_stats() or {}
-    limit = stats.get("bytes_limit")
+    limit = device_memory(mesh)
     mesh_text = axes_text(axis_sizes(mesh))
     about = _about(device, device_count(mesh), mesh_text, topology, sizes, repeats, trips,
                    seconds, skipped)
@@ -335,7 +334,7 @@ def calibrate(
         f"calibrated {device.platform} x{device_count(mesh)} ({mesh_text})",
         flops_per_second=dict(bench.flops),
         memory_bandwidth=bench.memory_bandwidth,
-        memory_bytes=int(limit) if isinstance(limit, int | float) and limit > 0 else None,
+        memory_bytes=limit,
         fits=fits, mesh=tuple(axis_sizes(mesh).items()), overlap=CALIBRATED_OVERLAP,
         about=about)
     return Calibration(model, tuple(bench.samples), tuple(skipped), seconds)

@@ -298,11 +298,7 @@ def _default_budget(ctx: Context) -> int | None:
             model = None
         if model is not None and model.memory_bytes is not None:
             return model.memory_bytes
-    # A device of this process: in a mesh across processes the others' have no stats here.
-    here = [d for d in ctx.mesh.devices.flat if d.process_index == jax.process_index()]
-    stats = (here or list(ctx.mesh.devices.flat))[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
-    return int(limit) if limit else None
+    return _mesh.device_memory(ctx.mesh)
 
 
 def _check_dcn_axes(dcn_axes: Any, mesh: jax.sharding.Mesh) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ...base import mesh as _mesh
 from . import evaluate as _evaluate
 from .context import Context
 
@@ -153,7 +154,7 @@ def retime_here(
         compiled, _ = _evaluate.compile_step(specs, c)
         runners.append([label, compiled, specs, None, [], c])
     together = fit_together([r[1].memory_analysis() for r in runners],
-                            device_memory(ctx.mesh))
+                            _mesh.device_memory(ctx.mesh))
     for runner in runners:
         _label, compiled, specs, _args, _times, c = runner
         args = tuple(_evaluate.place(specs, c))
@@ -193,18 +194,6 @@ def retime_here(
         label: Timing(label, tuple(times), statistics.median(times), median_ci(times))
         for label, _c, _s, _a, times, _ctx in runners
     }
-
-
-def device_memory(mesh: Any) -> int | None:
-    """Bytes one device of `mesh` can hold ("bytes_limit" of its memory
-    statistics), or None where the runtime says nothing (CPU devices)."""
-    device = mesh.devices.flat[0]
-    try:
-        stats = device.memory_stats() or {}
-    except Exception:  # compile-only devices, runtimes without statistics
-        return None
-    limit = stats.get("bytes_limit")
-    return int(limit) if isinstance(limit, int | float) and limit > 0 else None
 
 
 def fit_together(analyses: Sequence[Any], limit: int | None) -> bool:
