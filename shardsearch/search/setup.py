@@ -509,9 +509,8 @@ def _say_unoffered(found: Mapping[str, tuple[int, ...]], offered: Mapping[str, A
                    chosen: Any, mesh: jax.sharding.Mesh) -> None:
     """The points a search asked to place that get no knob, and why: an error
     for one asked by name, a warning for `knobs=True`."""
-    sizes_of = _mesh.axis_sizes(mesh)
-    axes = ", ".join(f"{a}={n}" for a, n in sizes_of.items())
-    one_device = math.prod(sizes_of.values()) == 1
+    axes = ", ".join(f"{a}={n}" for a, n in _mesh.axis_sizes(mesh).items())
+    one_device = _mesh.device_count(mesh) == 1
     left = {_activations.PREFIX + name: (
         "its name is not an identifier" if not name.isidentifier() else
         f"the mesh ({axes}) has one device: there is nothing to split it over" if one_device
