@@ -89,7 +89,7 @@ def trace_steps(compiled, abstract, steps: int) -> dict:
                       for key, names in lines.items()}}
 
 
-def device(out: Path, budget: float, name: str) -> int:
+def device(out: Path, budget: float, name: str, first: int = 0) -> int:
     import jax
     import numpy as np
     from jax.sharding import AxisType, Mesh
@@ -101,7 +101,7 @@ def device(out: Path, budget: float, name: str) -> int:
     devices = jax.devices()
     whole["about"]["mesh"] = RUN.about_devices(devices)
     mesh = Mesh(np.array(devices[:1]), ("dp",), axis_types=(AxisType.Auto,))
-    for knobs in SETTINGS:
+    for knobs in SETTINGS[first:]:
         k = RUN.key(name, knobs)
         if time.time() - start > budget - RUN.MARGIN:
             whole["settings"][k] = {"knobs": knobs, "skipped": "out of time"}
@@ -136,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     on = sub.add_parser("device", help="compile, time and trace on the chip")
     on.add_argument("out", type=Path)
     on.add_argument("--budget", type=float, default=480.0)
+    on.add_argument("--first", type=int, default=0, help="skip the settings before this index")
     on.add_argument("--workload", default=NAME, help="a smoke run's smaller workload (gpt:small)")
     rep = sub.add_parser("report", help="the traced kernels beside the model's prices")
     rep.add_argument("raw", type=Path)
     rep.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.phase == "device":
-        return device(args.out, args.budget, args.workload)
+        return device(args.out, args.budget, args.workload, args.first)
     report(args.raw, args.out)
     return 0
 
