@@ -116,6 +116,8 @@ def run_suite(
     if start_from is not None and not Path(start_from).is_dir():
         raise ValueError(f"start plans: {start_from} is not a folder; give a folder of "
                          "<suite>/<entry>.json plan files (another run's rules folder)")
+    if rounds is not None:
+        _confirm.check_rounds(rounds, "bench: rounds", zero_ok=False)
     selected = suite.select(entries)
     folder = Path(out) / suite.name
     (folder / "entries").mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ from ..base.limits import check_simulated_devices
 from ..base.target import TARGET_CHIPS
 from ..base.units import parse_bytes
 from ..cost.chips import HARDWARE
+from ..search.evaluation.confirm import MIN_ROUNDS
 from ..search.evaluation.objectives import OBJECTIVES
 from ..search.space.logical import SPACES
 from ..workloads._custom import CUSTOM, custom_workload
@@ -233,7 +234,10 @@ class Suite:
         if self.simulated and self.platform != "cpu":
             raise ValueError(f"{where}: only cpu devices can be simulated; set "
                              "\"simulated\": false or \"platform\": \"cpu\"")
-        for name, low in (("devices", 1), ("warmup", 0), ("repeats", 1), ("rounds", 1)):
+        # rounds: the winner's re-timing takes them too, and under MIN_ROUNDS it
+        # could never call a searched plan faster than a baseline.
+        for name, low in (("devices", 1), ("warmup", 0), ("repeats", 1),
+                          ("rounds", MIN_ROUNDS)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{where}: {name} must be a whole number >= {low}, got "

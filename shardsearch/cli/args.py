@@ -69,6 +69,28 @@ def count(text: str) -> int:
     return value
 
 
+def rounds(text: str) -> int:
+    """An argparse type: re-timing rounds, 0 (none) or enough for the paired
+    test to call a plan faster ("10" → 10; "5" is refused, with the reason:
+    a searched plan could never win; see `confirm.check_rounds`)."""
+    return _rounds(count(text), zero_ok=True)
+
+
+def positive_rounds(text: str) -> int:
+    """An argparse type: `rounds`, at least one ("0" is refused too)."""
+    return _rounds(positive_int(text), zero_ok=False)
+
+
+def _rounds(value: int, zero_ok: bool) -> int:
+    from ..search.evaluation.confirm import check_rounds
+
+    try:
+        check_rounds(value, zero_ok=zero_ok)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
 def device_count(text: str) -> int:
     """An argparse type: simulated devices, 1 to `limits.MAX_SIMULATED_DEVICES`.
 

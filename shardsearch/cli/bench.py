@@ -8,7 +8,15 @@ import textwrap
 from pathlib import Path
 
 from .._version import __version__
-from .args import Command, UsageError, WorkFailed, device_count, positive_int, usage
+from .args import (
+    Command,
+    UsageError,
+    WorkFailed,
+    device_count,
+    positive_int,
+    positive_rounds,
+    usage,
+)
 
 # The suites shipped in shardsearch/bench/suites/, named in --help without
 # importing the benchmark code (a test checks the list against the files).
@@ -57,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="trials per entry instead of the suite's")
     quick.add_argument("--repeats", type=positive_int, metavar="N",
                        help="timed steps per candidate in the search")
-    quick.add_argument("--rounds", type=positive_int, metavar="N",
+    quick.add_argument("--rounds", type=positive_rounds, metavar="N",
                        help="interleaved rounds of the comparison run")
     quick.add_argument("--memory-prediction", choices=("cut", "record", "off"),
                        default="cut",

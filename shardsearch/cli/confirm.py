@@ -12,6 +12,7 @@ from .args import (
     count,
     device_count,
     positive_int,
+    positive_rounds,
     study_name,
     usage,
     workload,
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the study's workload (default: the study's, if built in)")
     p.add_argument("--devices", type=device_count, metavar="N",
                    help="simulate N CPU devices (the study's mesh must fit)")
-    p.add_argument("--rounds", type=positive_int, default=10, metavar="N",
+    p.add_argument("--rounds", type=positive_rounds, default=10, metavar="N",
                    help="interleaved re-timing rounds of the finalists (default 10)")
     p.add_argument("--warmup", type=count, default=2, metavar="N",
                    help="untimed steps of the output check (default 2)")

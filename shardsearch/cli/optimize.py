@@ -28,6 +28,7 @@ from .args import (
     positive_float,
     positive_int,
     read_file,
+    rounds,
     study_name,
     usage,
     workload,
@@ -154,7 +155,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="untimed steps per candidate (default 2)")
     timing.add_argument("--repeats", type=positive_int, default=7, metavar="N",
                         help="timed steps per candidate (default 7)")
-    timing.add_argument("--confirm-rounds", type=count, default=10, metavar="N",
+    timing.add_argument("--confirm-rounds", type=rounds, default=10, metavar="N",
                         help="interleaved re-timing rounds of the finalists (default 10; 0 "
                              "skips)")
 

@@ -101,7 +101,7 @@ def finish(
             checked[r.number] = _usable(r, setup, specs)
         return checked[r.number]
 
-    finalists = [r for r in by_fp.values() if usable(r)][:3]
+    finalists = [r for r in by_fp.values() if usable(r)][:_confirm.SEARCHED_FINALISTS]
     if not finalists:
         raise NothingCompleted(
             f"no completed candidate of study {study.study_name!r} fits this run's budget of "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import jax
 
 from ..base import mesh as _mesh
+from .evaluation import confirm as _confirm
 from .evaluation.objectives import get_objective
 from .finish import finish
 from .result import OptimizeResult
@@ -67,6 +68,7 @@ def confirm_study(
     """
     if rounds < 1:
         raise ValueError(f"confirm_study: need rounds >= 1, got {rounds=}")
+    _confirm.check_rounds(rounds, "confirm_study: rounds")
     study = open_study(storage, study_name, create=False)
     attrs = study.user_attrs
     where = f"study {study_name!r}"

@@ -33,6 +33,7 @@ from ..base.warnings import ShardsearchWarning, warn_notes
 from ..cost.chips import HARDWARE
 from ..cost.hardware import HardwareModel
 from ..rules.base import ShardingRule
+from .evaluation import confirm as _confirm
 from .evaluation import evaluate as _evaluate
 from .evaluation.context import EXECUTE_TIMEOUT, Context
 from .evaluation.objectives import OBJECTIVES, Objective, get_objective
@@ -119,6 +120,7 @@ class SearchSettings:
                 f"optimize: need warmup >= 0, repeats >= 1 and confirm_rounds >= 0, got "
                 f"warmup={self.warmup}, repeats={self.repeats}, "
                 f"confirm_rounds={self.confirm_rounds}")
+        _confirm.check_rounds(self.confirm_rounds, "optimize: confirm_rounds")
         if isinstance(self.hardware, str):
             if self.hardware not in HARDWARE:
                 raise ValueError(f"optimize: hardware={self.hardware!r} is not a named chip; "

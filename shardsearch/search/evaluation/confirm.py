@@ -58,13 +58,41 @@ def median_ci(times: Sequence[float], level: float = 0.95) -> tuple[float, float
 
 # Significance level of the paired tests (the confirmation's and the reports').
 ALPHA = 0.05
+# The most searched plans the re-timing tests against a baseline at once
+# (finish keeps three finalists), each at ALPHA / SEARCHED_FINALISTS.
+SEARCHED_FINALISTS = 3
+# The fewest rounds at which the paired test can call a plan faster: with n
+# rounds its smallest one-sided p-value is 1/2**n (every round faster), so
+# 6 rounds (1/64) pass 0.05/3 and 5 (1/32) never do. Under it a searched
+# plan could never replace the best baseline, whatever the times.
+MIN_ROUNDS = next(n for n in range(1, 64) if 0.5**n < ALPHA / SEARCHED_FINALISTS)
+
+
+def check_rounds(rounds: int, what: str = "", zero_ok: bool = True) -> None:
+    """Refuses a number of re-timing rounds between 1 and `MIN_ROUNDS` - 1:
+    too few for the paired test to say "faster", so a searched plan would
+    lose to the baseline by rule. `what` names the setting in the message
+    ("optimize: confirm_rounds"); `zero_ok`: whether 0 (no re-timing) is
+    offered as the other way out.
+
+    Example: `check_rounds(5, "optimize: confirm_rounds")` raises
+    "optimize: confirm_rounds: 5 rounds are too few ...".
+    """
+    if 0 < rounds < MIN_ROUNDS:
+        lead = f"{what}: " if what else ""
+        other = ", or 0 to skip the re-timing" if zero_ok else ""
+        raise ValueError(
+            f"{lead}{rounds} rounds are too few: the paired test that lets a searched "
+            f"plan replace the best baseline needs at least {MIN_ROUNDS} (with {rounds} its "
+            f"smallest p-value, 1/{2**rounds}, is over {ALPHA}/{SEARCHED_FINALISTS}), so "
+            f"every searched plan would lose by rule; use {MIN_ROUNDS} or more{other}")
 
 
 def faster_than(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> bool:
     """True when paired samples `a` are significantly smaller than `b`
     (one-sided Wilcoxon signed-rank test on the per-round differences)."""
     diffs = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    if len(diffs) < 6 or not np.any(diffs):
+    if len(diffs) < MIN_ROUNDS or not np.any(diffs):
         return False
     return bool(_signed_rank_p_less(diffs) < alpha)
 
