@@ -105,7 +105,7 @@ def test_two_processes_search_one_mesh(tmp_path):
     plan = tmp_path / "plan.json"
     out = subprocess.run(
         [sys.executable, "-m", "shardsearch", "launch", "--processes", "2",
-         "--devices-per-process", "4", "--", *SEARCH, "--trials", "3", "--confirm-rounds", "2",
+         "--devices-per-process", "4", "--", *SEARCH, "--trials", "3", "--confirm-rounds", "6",
          "--storage", storage, "--study", "two", "--out", str(plan)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_env())
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -149,7 +149,7 @@ def test_two_processes_build_each_candidates_knob_setting(tmp_path):
     plan = tmp_path / "plan.json"
     out = subprocess.run(
         [sys.executable, "-m", "shardsearch", "launch", "--processes", "2",
-         "--devices-per-process", "4", "--", *SEARCH, "--trials", "10", "--confirm-rounds", "2",
+         "--devices-per-process", "4", "--", *SEARCH, "--trials", "10", "--confirm-rounds", "6",
          "--knobs", "microbatches", "--storage", storage, "--study", "knobs", "--out",
          str(plan)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env())

@@ -26,7 +26,7 @@ from shardsearch.search.space.baselines import baseline_candidates
 from shardsearch.search.study.record import TrialRecord, recorded_estimates
 from shardsearch.workloads import get_workload
 
-FAST = dict(warmup=1, repeats=3, confirm_rounds=3, quiet=True, space="rules", isolate=False)
+FAST = dict(warmup=1, repeats=3, confirm_rounds=6, quiet=True, space="rules", isolate=False)
 # factor 1 and top 1: only a candidate whose estimate beats every earlier one is timed.
 STRICT = Hybrid(factor=1.0, top_k=1)
 # The legacy CPU model with links, so the axes that cross hosts cost more.

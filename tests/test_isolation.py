@@ -97,7 +97,7 @@ def test_a_step_defined_here_travels_to_the_worker_as_an_export(mesh24, tmp_path
     assert ctx.executor.transport == "export"
     ctx.close()
     result = ss.optimize(step, args, mesh=mesh24, n_trials=4, storage=f"sqlite:///{tmp_path}/s.db",
-                         isolate=True, confirm_rounds=3, quiet=True, **FAST)
+                         isolate=True, confirm_rounds=6, quiet=True, **FAST)
     assert {t.outcome.status.value for t in result.trials} == {"complete"}
     assert result.outputs_match is True
 

@@ -448,7 +448,7 @@ def test_optimize_searches_a_factorys_knobs_and_exports_them(mesh8, tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     knobs = ss.Knobs(make_step, {"chunks": (1, 2, 4)})
     result = ss.optimize(knobs, _args(), mesh=mesh8, n_trials=9, storage=storage,
-                         study_name="k", quiet=True, warmup=1, repeats=2, confirm_rounds=2,
+                         study_name="k", quiet=True, warmup=1, repeats=2, confirm_rounds=6,
                          isolate=False)
     space = result.setup.space
     assert [p.name for p in space.params()][-1] == "knob_chunks"

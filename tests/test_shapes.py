@@ -87,7 +87,7 @@ def test_the_trials_left_after_the_warm_starts_go_to_the_better_half(tmp_path):
 def test_measured_shapes_are_re_timed_side_by_side(tmp_path):
     result = ss.optimize(get_workload("mlp:tiny"), devices=4, axes=("dp", "tp"), n_trials=4,
                          storage=f"sqlite:///{tmp_path / 's.db'}", objective="measured",
-                         warmup=1, repeats=2, confirm_rounds=3, quiet=True, isolate=False)
+                         warmup=1, repeats=2, confirm_rounds=6, quiet=True, isolate=False)
     searched = result.shapes["searched"]
     assert all(len(row["retimed"]["times"]) == 3 for row in searched.values())
     assert result.shapes["verdict"] in ("faster", "tie")

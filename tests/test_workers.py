@@ -131,7 +131,7 @@ def test_two_measuring_workers_share_a_study_and_the_last_confirms(tmp_path):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     measured = [("measured" if arg == "static" else arg) for arg in COMMAND
                 if arg != "--no-isolate"]
-    measured[measured.index("--confirm-rounds") + 1] = "3"
+    measured[measured.index("--confirm-rounds") + 1] = "6"
     measured += ["--warmup", "1", "--repeats", "3"]
     first = _worker(tmp_path, url, "a", 6, 1, measured)
     second = _worker(tmp_path, url, "b", 6, 2, measured)
@@ -273,10 +273,10 @@ def test_a_study_is_confirmed_by_its_last_worker_or_by_confirm(tmp_path, mesh24)
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
     timing = {"warmup": 1, "repeats": 2}
     result = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=3, storage=storage,
-                         study_name="measured", confirm_rounds=2, isolate=False, quiet=True,
+                         study_name="measured", confirm_rounds=6, isolate=False, quiet=True,
                          **timing)
     assert result.confirmed_by == CONFIRMED_HERE  # alone, it is the last to finish
-    confirmed = confirm_study(storage, "measured", mesh=mesh24, rounds=2, **timing)
+    confirmed = confirm_study(storage, "measured", mesh=mesh24, rounds=6, **timing)
     assert confirmed.confirmed_by == CONFIRMED_BY_COMMAND and confirmed.confirmation
     study = optuna.load_study(study_name="measured", storage=storage)
     assert study.user_attrs["result"]["confirmed_by"] == CONFIRMED_BY_COMMAND
@@ -285,3 +285,33 @@ def test_a_study_is_confirmed_by_its_last_worker_or_by_confirm(tmp_path, mesh24)
     ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=1, storage=storage,
                 study_name="static", objective="static", isolate=False, quiet=True)
     assert main(["confirm", "--study-name", "static", "--storage", storage]) == 2
+
+
+def test_confirm_builds_the_finalists_steps_with_the_knobs_their_trials_set(
+        tmp_path, mesh24, monkeypatch):
+    """A study searched with knobs has trials whose step is built with a
+    setting (the best baseline's variants). Whichever of them the re-timing
+    takes, `confirm` must build its step with that setting, where it used to
+    stop with "the step has no knobs"."""
+    import shardsearch as ss
+    from shardsearch.search import reconfirm
+    from shardsearch.workloads import get_workload
+
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    timing = {"warmup": 1, "repeats": 2}
+    ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=10, storage=storage,
+                study_name="knobs", confirm_rounds=0, knobs=True, isolate=False, quiet=True,
+                space="rules", **timing)
+    built = []
+    real_finish = reconfirm.finish
+
+    def finish(setup, study, records, rounds, *args, **kwargs):
+        for r in records:
+            if r.knobs:  # each could be a finalist: its step must build
+                built.append(setup.context.with_setting(r.knobs).knobs.values(r.knobs))
+        return real_finish(setup, study, records, rounds, *args, **kwargs)
+
+    monkeypatch.setattr(reconfirm, "finish", finish)
+    confirmed = reconfirm.confirm_study(storage, "knobs", mesh=mesh24, rounds=6, **timing)
+    assert built and any(v["microbatches"] > 1 or v["grad_groups"] > 1 for v in built), built
+    assert all(len(t.times) == 6 for t in confirmed.confirmation.values())

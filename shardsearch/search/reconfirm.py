@@ -92,14 +92,17 @@ def confirm_study(
                              "workload")
         workload = _builtin_workload(attrs[_attrs.WORKLOAD], where)
     check_workload(study, workload, None)
+    records = [r for t in study.get_trials(deepcopy=False)
+               if (r := TrialRecord.from_trial(t)) is not None]
+    # The knobs the trials set, so that a finalist's step can be built with
+    # its setting (a study searched with --knobs has variants).
+    knobs = tuple(sorted({name for r in records for name, _ in r.knobs})) or None
     # The rules space needs no logical axes: the finalists come from the study.
     settings = SearchSettings(memory_budget=attrs.get(_attrs.BUDGET), objective=objective,
                               seed=attrs.get(_attrs.SEED) or 0, warmup=warmup,
                               repeats=repeats, space="rules", study_name=study_name,
-                              isolate=False)
+                              isolate=False, knobs=knobs)
     ctx, workload = make_context(workload, None, mesh, settings)
-    records = [r for t in study.get_trials(deepcopy=False)
-               if (r := TrialRecord.from_trial(t)) is not None]
     with ctx:
         result = finish(prepare(ctx, workload, settings, {}), study, records, rounds)
     result.confirmed_by = CONFIRMED_BY_COMMAND
