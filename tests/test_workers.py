@@ -315,3 +315,29 @@ def test_confirm_builds_the_finalists_steps_with_the_knobs_their_trials_set(
     confirmed = reconfirm.confirm_study(storage, "knobs", mesh=mesh24, rounds=6, **timing)
     assert built and any(v["microbatches"] > 1 or v["grad_groups"] > 1 for v in built), built
     assert all(len(t.times) == 6 for t in confirmed.confirmation.values())
+
+
+def test_confirm_keeps_the_retiming_in_the_plan_file_when_the_study_cannot_store_it(
+        tmp_path, mesh24, capsys):
+    """A study the confirmation can read but not write (a read-only SQLite
+    file, as a copy from another machine can be): the re-timing is not lost
+    to a traceback; the plan file holds it and the error is one line."""
+    import shardsearch as ss
+    from shardsearch.cli.main import main
+    from shardsearch.workloads import get_workload
+
+    db = tmp_path / "studies.db"
+    ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=3, storage=f"sqlite:///{db}",
+                study_name="ro", confirm_rounds=0, isolate=False, quiet=True, space="rules",
+                warmup=1, repeats=2)
+    capsys.readouterr()
+    plan = tmp_path / "plan.json"
+    code = main(["confirm", "--study", "ro", "--storage", f"sqlite:///file:{db}?mode=ro&uri=true",
+                 "--rounds", "6", "--warmup", "1", "--repeats", "2", "--out", str(plan)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "re-timed, but the result could not be stored" in err and "readonly" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    confirmed = ss.load_plan(plan)
+    assert confirmed.results["confirmed_by"] == "shardsearch confirm"
+    assert confirmed.results["verdict"] in ("faster", "tie")

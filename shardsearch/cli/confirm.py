@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from .args import (
     Command,
@@ -17,6 +18,10 @@ from .args import (
     usage,
     workload,
 )
+
+if TYPE_CHECKING:
+    from ..search.result import OptimizeResult
+    from ..workloads import Workload
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,9 +47,7 @@ def run(a: argparse.Namespace) -> int:
     if a.devices is not None:
         simulate_devices(a.devices)  # before anything asks JAX for devices
     from ..base.secrets import redact_url
-    from ..plan.writer import write_config
-    from ..search.export import export_config
-    from ..search.reconfirm import confirm_study
+    from ..search.reconfirm import NotRecorded, confirm_study
     from ..search.study.storage import default_storage, open_study
 
     storage = a.storage or default_storage()
@@ -60,17 +63,30 @@ def run(a: argparse.Namespace) -> int:
                                warmup=a.warmup, repeats=a.repeats)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    except NotRecorded as err:  # the re-timing ran: keep it in the plan file
+        _write(err.result, chosen, a.out)
+        raise WorkFailed(str(err) + ("" if a.out else "; --out FILE keeps the re-timing in a "
+                                     "plan file")) from None
     except RuntimeError as err:  # no candidate completed
         raise WorkFailed(str(err)) from None
     print(f"study {a.study!r}: {result.best_label} wins ({result.verdict}, "
           f"{result.best_time * 1e3:.3f} ms); recorded as confirmed by `shardsearch confirm`")
-    if a.out:
-        try:
-            written = write_config(export_config(result, workload=chosen), a.out)
-        except OSError as err:
-            raise WorkFailed(f"cannot write {a.out}: {err.strerror or err}") from None
-        print(f"wrote {written}")
+    _write(result, chosen, a.out)
     return 0
+
+
+def _write(result: OptimizeResult, workload: Workload | None, out: str | None) -> None:
+    """The winner's plan file at `out` (nothing without one)."""
+    from ..plan.writer import write_config
+    from ..search.export import export_config
+
+    if not out:
+        return
+    try:
+        written = write_config(export_config(result, workload=workload), out)
+    except OSError as err:
+        raise WorkFailed(f"cannot write {out}: {err.strerror or err}") from None
+    print(f"wrote {written}", flush=True)
 
 
 COMMAND = Command("confirm", "re-time a stored study's finalists (after its workers) and "

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import jax
+import optuna
 
 from ..base import mesh as _mesh
 from .evaluation import confirm as _confirm
@@ -31,6 +32,16 @@ if TYPE_CHECKING:
 
 # The "confirmed_by" of a result `confirm_study` stored.
 CONFIRMED_BY_COMMAND = "shardsearch confirm"
+
+
+class NotRecorded(RuntimeError):
+    """The finalists were re-timed but the study could not store the result
+    (a read-only SQLite file, a lost connection). `result` holds it, so the
+    re-timing is not lost: write its plan file from it."""
+
+    def __init__(self, message: str, result: OptimizeResult):
+        super().__init__(message)
+        self.result = result
 
 
 def confirm_study(
@@ -59,6 +70,7 @@ def confirm_study(
       "result" is replaced with it, "confirmed_by": "shardsearch confirm".
 
     Raises:
+      NotRecorded: the study could not store the result (it holds it).
       ValueError: no such study, one shardsearch did not write, an objective
         that re-times nothing ("static"), another mesh or workload than the
         study's, or no completed trial.
@@ -108,7 +120,12 @@ def confirm_study(
     result.confirmed_by = CONFIRMED_BY_COMMAND
     summary = result.to_json()
     del summary["trials"]
-    study.set_user_attr(_attrs.RESULT, summary)
+    try:
+        study.set_user_attr(_attrs.RESULT, summary)
+    except optuna.exceptions.StorageInternalError as err:
+        cause = err.__cause__ or err
+        raise NotRecorded(f"{where}: re-timed, but the result could not be stored: "
+                          f"{str(cause).splitlines()[0]}", result) from err
     return result
 
 
