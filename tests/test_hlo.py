@@ -832,6 +832,19 @@ def test_kernels_hold_each_scheduled_instructions_flops_and_bytes_per_step():
     assert sum(b for _, b in hlo.kernels) == hlo.bytes_accessed
 
 
+def test_kernel_table_names_each_kernel_in_the_order_and_with_the_figures_of_kernels():
+    from shardsearch.cost.hlo import kernel_table
+
+    text = _dot_loop(5)
+    table = kernel_table(text)
+    assert [(k.flops, k.bytes) for k in table] == list(cost(text).kernels)
+    # Named as a profile lists them: the loop body's fusion runs 5 times.
+    fusion = next(k for k in table if k.opcode == "fusion")
+    assert fusion.count == 5 and fusion.flops == (("f32", 5 * DOT),)
+    assert next(k for k in table if k.opcode == "dot").count == 1
+    assert f"%{fusion.name} = " in text
+
+
 def test_bytes_accessed_counts_loop_trips_and_not_fused_bodies():
     hlo = cost(_dot_loop(5))
     fusion = 4096 + 16384 + 1024  # reads x and w, writes the product

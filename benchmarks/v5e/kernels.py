@@ -1,4 +1,4 @@
-"""Where a step's time goes on one v5e chip, kernel by kernel, beside what the cost model charges each.
+"""Where a step's time goes on one v5e chip, kernel by kernel, beside the cost model's prices.
 
 The per-kernel model (`HardwareModel.per_op`) ranks most knob settings as
 the chip runs them (grid.md), but it prices many microbatches 10-15% over the
@@ -16,7 +16,8 @@ line of the TPU's plane (`OUT/kernels.json`, written as it goes, and the
 HLO as `OUT/hlo-kernels.tar.gz`). The deviceless HLO is the chip's (run.py's
 check), so instruction names match, and the comparison runs here:
 
-    python benchmarks/v5e/kernels.py report benchmarks/results/v5e/raw benchmarks/results/v5e/kernels.md
+    python benchmarks/v5e/kernels.py report benchmarks/results/v5e/raw \\
+        benchmarks/results/v5e/kernels.md
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import re
 import sys
 import time
 import traceback
@@ -118,7 +121,8 @@ def device(out: Path, budget: float, name: str, first: int = 0) -> int:
         whole["settings"][k] = rec
         save()
         print(k, {x: rec.get(x) for x in ("median_seconds", "error")},
-              {line: v["seconds_per_step"] for line, v in rec.get("trace", {}).get("lines", {}).items()},
+              {line: v["seconds_per_step"]
+               for line, v in rec.get("trace", {}).get("lines", {}).items()},
               flush=True)
         jax.clear_caches()
     RUN.pack(out, "hlo-kernels.tar.gz")
@@ -126,8 +130,144 @@ def device(out: Path, budget: float, name: str, first: int = 0) -> int:
     return 0
 
 
+_NAME = re.compile(r"^%([\w.\-]+) = ")
+_OPS = "/device:TPU:0 | XLA Ops"
+
+
+def measured_kernels(rec: dict) -> dict[str, float]:
+    """Seconds per step of each traced kernel, by instruction name; the loops
+    that hold other kernels (while, call, conditional) left out."""
+    found: dict[str, float] = {}
+    for text, (seconds, _n) in rec["trace"]["lines"][_OPS]["events"].items():
+        name = _NAME.match(text)
+        if name and not re.search(r" (while|call|conditional)\(", text):
+            found[name[1]] = found.get(name[1], 0.0) + seconds
+    return found
+
+
+def priced(text: str) -> list[dict]:
+    """Each kernel of the program as the v5e model prices it, with the bytes
+    of its arrays in memory space 1 (layouts marked `S(1)`: where the TPU
+    compiler placed them in the chip's faster memory) apart."""
+    import shardsearch as ss
+    from shardsearch.cost import hlo
+
+    model = ss.HARDWARE[RUN.CHIP]
+    every = hlo.kernel_table(text)
+    whole = hlo._array_bytes
+    try:  # the same table with memory space 1 counted as nothing
+        hlo._array_bytes = lambda t, d, layout, line: 0 if "S(1)" in layout else whole(
+            t, d, layout, line)
+        hlo._shape_bytes.cache_clear()
+        hbm = {(k.computation, k.name): k.bytes for k in hlo.kernel_table(text)}
+    finally:
+        hlo._array_bytes = whole
+        hlo._shape_bytes.cache_clear()
+    return [{"name": k.name, "opcode": k.opcode,
+             "compute": math.fsum(f / model.peak(d) for d, f in k.flops),
+             "hbm": hbm.get((k.computation, k.name), 0.0),
+             "s1": k.bytes - hbm.get((k.computation, k.name), 0.0),
+             "bandwidth": model.memory_bandwidth} for k in every]
+
+
+def _ratio(group: list[dict], measured: dict[str, float]) -> str:
+    traced = math.fsum(measured[r["name"]] for r in group)
+    model = math.fsum(r["model"] for r in group)
+    return f"{traced:.4f} / {model:.4f} ({traced / model:.2f})"
+
+
 def report(raw: Path, out: Path) -> None:
-    raise NotImplementedError("report: written once the device's trace is in")
+    """`kernels.md`: each setting's traced kernels against the model's."""
+    import numpy as np
+
+    data = json.loads((raw / "kernels.json").read_text())["settings"]
+    texts = RUN.hlo_texts(raw)
+    command = f"python benchmarks/v5e/kernels.py report {raw} {out}"
+    lines = ["# One v5e chip, kernel by kernel: where the per-kernel model misprices "
+             "microbatches", "",
+             f"Made by `{command}` from `kernels.json` and `hlo-kernels.tar.gz` "
+             "(`python3 benchmarks/v5e/kernels.py device $OUT`, then `--first 4` for the "
+             "three settings the first call ran out of time for; see notes.md). Seconds per "
+             "step. *step*: the median timed step; *traced*: the kernels of two traced steps "
+             "(loops that hold kernels left out), per step; *model*: the v5e model's "
+             "per-kernel roofline (`HardwareModel.per_op`) of the same HLO; then the kernels "
+             "both list, split by what bounds them in the model (compute: matmul flops over "
+             "peak; memory: bytes over HBM bandwidth), traced / model; *copy-start*: what "
+             "the model charges the asynchronous copies, which the trace runs beside the "
+             "kernels (its \"Async XLA Ops\" line).", "",
+             "| setting | step | traced | model | compute-bound traced / model | "
+             "memory-bound traced / model | copy-start in the model |",
+             "|---|---|---|---|---|---|---|"]
+    fit_x, fit_y = [], []
+    for key, rec in data.items():
+        if not rec.get("trace"):
+            continue
+        text = texts[RUN.hlo_name("kernels", key)]
+        measured = measured_kernels(rec)
+        rows = priced(text)
+        for r in rows:
+            r["memory"] = (r["hbm"] + r["s1"]) / r["bandwidth"]
+            r["model"] = max(r["compute"], r["memory"])
+        both = [r for r in rows if r["name"] in measured and r["opcode"] != "copy-start"]
+        compute = [r for r in both if r["compute"] >= r["memory"]]
+        memory = [r for r in both if r["compute"] < r["memory"]]
+        copies = math.fsum(r["model"] for r in rows if r["opcode"] == "copy-start")
+
+        lines.append(f"| {key[len(NAME):].strip() or 'as given'} | {rec['median_seconds']:.4f} "
+                     f"| {math.fsum(measured.values()):.4f} | "
+                     f"{math.fsum(r['model'] for r in rows):.4f} | {_ratio(compute, measured)} | "
+                     f"{_ratio(memory, measured)} | {copies:.4f} |")
+        for r in memory:
+            if r["compute"] < 0.2 * r["memory"] and measured[r["name"]] > 2e-4:
+                fit_x.append([r["hbm"], r["s1"]])
+                fit_y.append(measured[r["name"]])
+    (hbm, s1), *_ = np.linalg.lstsq(np.array(fit_x), np.array(fit_y), rcond=None)
+    lines += ["", f"Least squares over the {len(fit_y)} memory-bound kernels (matmul time "
+              "under a fifth of their bytes' time, over 0.2 ms a step) of all settings, "
+              "traced time = HBM bytes / a + memory-space-1 bytes / b: "
+              f"a = {1 / hbm / 1e9:.0f} GB/s, b = {1 / s1 / 1e9:.0f} GB/s (the model charges "
+              f"both at {rows[0]['bandwidth'] / 1e9:.0f} GB/s)."]
+    lines += _what_if(raw, data, texts, 1 / hbm, 1 / s1)
+    out.write_text("\n".join(lines) + "\n")
+
+
+def _what_if(raw: Path, data: dict, texts: dict[str, str], hbm: float, s1: float) -> list[str]:
+    """Every program timed on the chip (run.py's, grid.py's and these)
+    priced as the model does and as it would with the two changes the trace
+    suggests: no charge for copy-start, and the fitted bandwidths."""
+    import itertools
+    import statistics
+
+    programs = []
+    for label, name, group in (("device", "device.json", "variants"),
+                               ("grid", "grid.json", "variants"), ("kernels", None, None)):
+        records = data if name is None else json.loads((raw / name).read_text())[group]
+        for k, rec in records.items():
+            text = texts.get(RUN.hlo_name(label, k))
+            if rec.get("step_times") and text is not None:
+                programs.append((label == "kernels", rec["workload"], k,
+                                 statistics.median(rec["step_times"]), priced(text)))
+    ways = {"the model": lambda r: max(r["compute"], (r["hbm"] + r["s1"]) / r["bandwidth"]),
+            "no copy-start, fitted bandwidths": lambda r: 0.0 if r["opcode"] == "copy-start"
+            else max(r["compute"], r["hbm"] / hbm + r["s1"] / s1)}
+    lines = ["", f"The same two changes applied to all {len(programs)} programs timed on the "
+             "chip (run.py's, grid.py's and these seven; pairs of one shape's settings 1% or "
+             "more apart, ordered by the estimate as the chip ran them):", "",
+             "| pricing | pairs ordered as measured | measured / estimate, min-max | "
+             "worst program |", "|---|---|---|---|"]
+    for way, price in ways.items():
+        est = [(p, math.fsum(price(r) for r in p[4])) for p in programs]
+        got = of = 0
+        for _shape, grp in itertools.groupby(est, key=lambda e: (e[0][0], e[0][1])):
+            for (a, ea), (b, eb) in itertools.combinations(list(grp), 2):
+                if abs(a[3] - b[3]) >= 0.01 * min(a[3], b[3]):
+                    of += 1
+                    got += (ea < eb) == (a[3] < b[3])
+        ratios = [(p[3] / e, p[2]) for p, e in est]
+        worst = max(ratios, key=lambda r: abs(math.log(r[0])))
+        lines.append(f"| {way} | {got}/{of} | {min(ratios)[0]:.2f}-{max(ratios)[0]:.2f} | "
+                     f"{worst[1]} ({worst[0]:.2f}) |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -408,6 +408,35 @@ def parse_hlo(hlo_text: str) -> tuple[CollectiveSummary, HloCost]:
     return _collectives(module), _costs(module)
 
 
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One entry of :attr:`HloCost.kernels`, named: what a profile of the
+    chip lists by the same instruction name.
+
+    Attributes:
+      computation, name: where the instruction is and its name, without "%".
+      opcode: its opcode ("fusion", "copy", ...).
+      count: its executions per step (loop trip counts multiplied).
+      flops: the matmul flops by dtype it computes per step, all executions.
+      bytes: the bytes it reads and writes per step, all executions.
+    """
+
+    computation: str
+    name: str
+    opcode: str
+    count: float
+    flops: tuple[tuple[str, float], ...]
+    bytes: float
+
+
+def kernel_table(hlo_text: str) -> list[Kernel]:
+    """:attr:`HloCost.kernels` with each entry's instruction named, in the
+    same order; for comparing the model kernel by kernel with a profile."""
+    named: list[Kernel] = []
+    _costs(parse_module(hlo_text), named)
+    return named
+
+
 def parse_collectives(hlo_text: str) -> CollectiveSummary:
     """The collectives of a compiled HLO module; see :func:`parse_hlo`."""
     return _collectives(parse_module(hlo_text))
@@ -451,7 +480,8 @@ def _collectives(module: Module) -> CollectiveSummary:
     )
 
 
-def _costs(module: Module) -> HloCost:
+def _costs(module: Module, named: list[Kernel] | None = None) -> HloCost:
+    """The module's costs; each kernel also appended to `named`, if given."""
     flops = flops_once = traffic = traffic_once = 0.0
     unknown: dict[str, None] = {}
     by_dtype: dict[str, float] = {}
@@ -506,6 +536,9 @@ def _costs(module: Module) -> HloCost:
             if count and (size or work):
                 kernels.append((tuple((d, f * count) for d, f in sorted(work.items())),
                                 float(size * count)))
+                if named is not None:
+                    named.append(Kernel(computation.name, instruction.name,
+                                        instruction.opcode, count, *kernels[-1]))
     return HloCost(
         dot_flops=flops,
         dot_flops_once=flops_once,
