@@ -145,29 +145,27 @@ def measured_kernels(rec: dict) -> dict[str, float]:
     return found
 
 
+# An array shape whose layout places it in memory space 1 ("S(1)"), as
+# "bf16[8,2048]{1,0:T(8,128)(2,1)S(1)}": its type, dims and layout.
+_SPACE_1 = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*S\(1\)[^{}]*\})")
+
+
 def priced(text: str) -> list[dict]:
     """Each kernel of the program as the v5e model prices it, with the bytes
     of its arrays in memory space 1 (layouts marked `S(1)`: where the TPU
-    compiler placed them in the chip's faster memory) apart."""
+    compiler placed them in the chip's faster memory) apart: the same HLO
+    with those arrays made empty gives the bytes outside it."""
     import shardsearch as ss
-    from shardsearch.cost import hlo
+    from shardsearch.search import kernel_table
 
     model = ss.HARDWARE[RUN.CHIP]
-    every = hlo.kernel_table(text)
-    whole = hlo._array_bytes
-    try:  # the same table with memory space 1 counted as nothing
-        hlo._array_bytes = lambda t, d, layout, line: 0 if "S(1)" in layout else whole(
-            t, d, layout, line)
-        hlo._shape_bytes.cache_clear()
-        hbm = {(k.computation, k.name): k.bytes for k in hlo.kernel_table(text)}
-    finally:
-        hlo._array_bytes = whole
-        hlo._shape_bytes.cache_clear()
+    outside = {(k.computation, k.name): k.bytes for k in kernel_table(
+        _SPACE_1.sub(lambda m: f"{m[1]}[0]{m[3]}", text))}
     return [{"name": k.name, "opcode": k.opcode,
              "compute": math.fsum(f / model.peak(d) for d, f in k.flops),
-             "hbm": hbm.get((k.computation, k.name), 0.0),
-             "s1": k.bytes - hbm.get((k.computation, k.name), 0.0),
-             "bandwidth": model.memory_bandwidth} for k in every]
+             "hbm": outside.get((k.computation, k.name), 0.0),
+             "s1": k.bytes - outside.get((k.computation, k.name), 0.0),
+             "bandwidth": model.memory_bandwidth} for k in kernel_table(text)]
 
 
 def _ratio(group: list[dict], measured: dict[str, float]) -> str:

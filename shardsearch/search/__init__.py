@@ -19,7 +19,9 @@ is behind it, laid out by job (docs/architecture.md):
   no winner), `export_config`, `confirm_study`.
 
 Also re-exported for extensions: `ProgramCost` and `Topology` (what a
-`HardwareModel` subclass prices), `registered_kinds` and `rule_from_config`
+`HardwareModel` subclass prices), `kernel_table` and `Kernel` (a program's
+kernels as a per-kernel model prices them, named, to set beside a
+profile), `registered_kinds` and `rule_from_config`
 (rule kinds), `plan_config` (a plan's data without writing it),
 `parse_bytes`, and stage 1's memory prediction (`trace_program`,
 `predict_footprint`, `Footprint`).
@@ -32,6 +34,8 @@ from ..base.units import parse_bytes as parse_bytes
 from ..cost.footprint import Footprint as Footprint
 from ..cost.footprint import predict_footprint as predict_footprint
 from ..cost.footprint import trace_program as trace_program
+from ..cost.hlo import Kernel as Kernel
+from ..cost.hlo import kernel_table as kernel_table
 from ..cost.hlo import parse_hlo as parse_hlo
 from ..cost.program import ProgramCost as ProgramCost
 from ..cost.topology import Topology as Topology
@@ -85,6 +89,7 @@ __all__ = [
     "Footprint",
     "Hybrid",
     "InProcess",
+    "Kernel",
     "NothingCompleted",
     "Objective",
     "OptimizeResult",
@@ -109,6 +114,7 @@ __all__ = [
     "faster_than",
     "fingerprint",
     "get_objective",
+    "kernel_table",
     "make_context",
     "make_sampler",
     "make_space",
