@@ -24,7 +24,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 import shardsearch as ss  # noqa: E402
 
 # A handful of trials and short timing: each example runs in well under a minute.
-SEARCH = dict(n_trials=6, warmup=1, repeats=3, confirm_rounds=3, quiet=True, isolate=False,
+SEARCH = dict(n_trials=6, warmup=1, repeats=3, confirm_rounds=6, quiet=True, isolate=False,
               seed=0)
 
 

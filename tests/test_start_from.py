@@ -147,7 +147,7 @@ def test_the_command_line_starts_from_a_plan(mesh24, tmp_path, monkeypatch, caps
 
 def test_bench_starts_each_entry_from_its_plan_in_the_folder(mesh24, tmp_path, capsys):
     suite = {"schema": 1, "suite": "tiny", "platform": "cpu", "devices": 8, "simulated": True,
-             "timing": {"warmup": 1, "repeats": 2, "rounds": 2},
+             "timing": {"warmup": 1, "repeats": 2, "rounds": 6},
              "entries": [{"id": f"e{i}", "workload": "mlp", "size": "tiny", "mesh": "dp=2,tp=4",
                           "trials": 2, "objective": "static"} for i in (1, 2)]}
     (tmp_path / "tiny.json").write_text(json.dumps(suite))
