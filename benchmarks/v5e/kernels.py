@@ -23,6 +23,7 @@ check), so instruction names match, and the comparison runs here:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -150,22 +151,28 @@ def measured_kernels(rec: dict) -> dict[str, float]:
 _SPACE_1 = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*S\(1\)[^{}]*\})")
 
 
-def priced(text: str) -> list[dict]:
-    """Each kernel of the program as the v5e model prices it, with the bytes
-    of its arrays in memory space 1 (layouts marked `S(1)`: where the TPU
-    compiler placed them in the chip's faster memory) apart: the same HLO
-    with those arrays made empty gives the bytes outside it."""
+@functools.cache  # the report and its what-if read the same programs
+def priced(text: str) -> tuple[dict, ...]:
+    """Each kernel of the program as the v5e model prices it (`memory`: its
+    bytes over HBM bandwidth; `model`: the larger of that and `compute`),
+    with the bytes of its arrays in memory space 1 (layouts marked `S(1)`:
+    where the TPU compiler placed them in the chip's faster memory) apart:
+    the same HLO with those arrays made empty gives the bytes outside it."""
     import shardsearch as ss
     from shardsearch.search import kernel_table
 
     model = ss.HARDWARE[RUN.CHIP]
     outside = {(k.computation, k.name): k.bytes for k in kernel_table(
         _SPACE_1.sub(lambda m: f"{m[1]}[0]{m[3]}", text))}
-    return [{"name": k.name, "opcode": k.opcode,
-             "compute": math.fsum(f / model.peak(d) for d, f in k.flops),
-             "hbm": outside.get((k.computation, k.name), 0.0),
-             "s1": k.bytes - outside.get((k.computation, k.name), 0.0),
-             "bandwidth": model.memory_bandwidth} for k in kernel_table(text)]
+    rows = []
+    for k in kernel_table(text):
+        compute = math.fsum(f / model.peak(d) for d, f in k.flops)
+        hbm = outside.get((k.computation, k.name), 0.0)
+        memory = k.bytes / model.memory_bandwidth
+        rows.append({"name": k.name, "opcode": k.opcode, "compute": compute, "hbm": hbm,
+                     "s1": k.bytes - hbm, "bandwidth": model.memory_bandwidth,
+                     "memory": memory, "model": max(compute, memory)})
+    return tuple(rows)
 
 
 def _ratio(group: list[dict], measured: dict[str, float]) -> str:
@@ -203,9 +210,6 @@ def report(raw: Path, out: Path) -> None:
         text = texts[RUN.hlo_name("kernels", key)]
         measured = measured_kernels(rec)
         rows = priced(text)
-        for r in rows:
-            r["memory"] = (r["hbm"] + r["s1"]) / r["bandwidth"]
-            r["model"] = max(r["compute"], r["memory"])
         both = [r for r in rows if r["name"] in measured and r["opcode"] != "copy-start"]
         compute = [r for r in both if r["compute"] >= r["memory"]]
         memory = [r for r in both if r["compute"] < r["memory"]]
@@ -245,7 +249,7 @@ def _what_if(raw: Path, data: dict, texts: dict[str, str], hbm: float, s1: float
             if rec.get("step_times") and text is not None:
                 programs.append((label == "kernels", rec["workload"], k,
                                  statistics.median(rec["step_times"]), priced(text)))
-    ways = {"the model": lambda r: max(r["compute"], (r["hbm"] + r["s1"]) / r["bandwidth"]),
+    ways = {"the model": lambda r: r["model"],
             "no copy-start, fitted bandwidths": lambda r: 0.0 if r["opcode"] == "copy-start"
             else max(r["compute"], r["hbm"] / hbm + r["s1"] / s1)}
     lines = ["", f"The same two changes applied to all {len(programs)} programs timed on the "
