@@ -126,8 +126,8 @@ def speedup(winner: Mapping[str, Any], ref: Mapping[str, Any] | None) -> dict[st
     out["speedup"] = statistics.median(ratios)
     lo, hi = _confirm.median_ci(ratios)
     out["ratio_ci"] = [lo, hi]
-    if len(a) < 6:
-        out["note"] = "fewer than 6 paired rounds: no significance test"
+    if len(a) < _confirm.MIN_ROUNDS:
+        out["note"] = f"fewer than {_confirm.MIN_ROUNDS} paired rounds: no significance test"
     else:
         out["verdict"] = ("faster" if _confirm.faster_than(a, b) and lo > 1 else
                           "slower" if _confirm.faster_than(b, a) and hi < 1 else "tie")
