@@ -36,11 +36,12 @@ from pathlib import Path
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "ui64": 8, "f32": 4, "i32": 4, "ui32": 4,
                   "bf16": 2, "f16": 2, "i16": 2, "ui16": 2, "i8": 1, "ui8": 1, "i1": 1}
 _ELEMENTWISE = {f"stablehlo.{name}" for name in (
-    "add subtract multiply divide maximum minimum exponential log sqrt rsqrt negate abs "
-    "select compare convert tanh logistic power and or not sign floor ceil clamp "
-    "exponential_minus_one log_plus_one sine cosine xor remainder is_finite "
-    "round_nearest_even round_nearest_afz broadcast_in_dim reshape transpose iota constant "
-    "cbrt atan2 shift_left shift_right_logical shift_right_arithmetic popcnt").split()}
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "exponential", "log", "sqrt",
+    "rsqrt", "negate", "abs", "select", "compare", "convert", "tanh", "logistic", "power", "and",
+    "or", "not", "sign", "floor", "ceil", "clamp", "exponential_minus_one", "log_plus_one",
+    "sine", "cosine", "xor", "remainder", "is_finite", "round_nearest_even", "round_nearest_afz",
+    "broadcast_in_dim", "reshape", "transpose", "iota", "constant", "cbrt", "atan2",
+    "shift_left", "shift_right_logical", "shift_right_arithmetic", "popcnt")}
 _ELEMENTWISE.add("sdy.constant")
 _NEVER_STORED = {"stablehlo.broadcast_in_dim", "stablehlo.iota", "stablehlo.constant",
                  "sdy.constant", "stablehlo.reshape", "stablehlo.convert"}
@@ -152,7 +153,9 @@ class Walk:
                 inner = self.function(self.ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
             for region in op.regions:
                 for inner_block in region.blocks:
-                    for argument, operand in zip(inner_block.arguments, op.operands):
+                    # a loop's or branch's block takes the op's operands, first to first
+                    for argument, operand in zip(inner_block.arguments, op.operands,
+                                                 strict=False):
                         dims_of[argument] = dims_of.get(operand)
                     inner = max(inner, self._block(inner_block, dims_of, False))
             sizes = [0 if name in _NEVER_STORED or name in _IN_PLACE or fused[at]
@@ -160,7 +163,7 @@ class Walk:
                                                for u in users.get(r, ())))
                      else self.nbytes(r.type, dims_of[r]) for r in op.results]
             peak = max(peak, held + inner + sum(sizes) + self._partial_sums(op, dims_of))
-            for result, size in zip(op.results, sizes):
+            for result, size in zip(op.results, sizes, strict=True):
                 if size:
                     live[result] = size
                     held += size
@@ -173,8 +176,7 @@ class Walk:
         if name not in self.peaks:
             function = self.functions[name]
             block = function.regions[0].blocks[0]
-            attrs = function.attributes["arg_attrs"] if "arg_attrs" in function.attributes \
-                else None
+            attrs = function.attributes.get("arg_attrs")
             dims_of = {}
             for i, argument in enumerate(block.arguments):
                 found = shardings(str(self.ir.ArrayAttr(attrs)[i])) if attrs is not None else []
