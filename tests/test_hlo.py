@@ -15,6 +15,7 @@ from shardsearch.cost.hlo import (
     Collective,
     CollectiveSummary,
     HloCost,
+    KernelCost,
     parse_collectives,
     parse_hlo,
 )
@@ -823,13 +824,17 @@ def test_bytes_accessed_per_instruction(line, expected):
 def test_kernels_hold_each_scheduled_instructions_flops_and_bytes_per_step():
     hlo = cost(_dot_loop(5))
     fusion = 4096 + 16384 + 1024  # reads x and w, writes the product
-    kernels = sorted(hlo.kernels, key=lambda k: (-sum(f for _, f in k[0]), -k[1]))
+    kernels = sorted(((k.flops, k.bytes) for k in hlo.kernels),
+                     key=lambda k: (-sum(f for _, f in k[0]), -k[1]))
     # The fusion in the body, 5 trips; the dot beside the loop; then the
     # counter's add (5 trips) and the condition's compare (6 runs), no flops.
     assert kernels == [((("f32", 5 * DOT),), 5 * fusion), ((("f32", DOT),), fusion),
                        ((), 5 * 3 * 4), ((), 6 * (2 * 4 + 1))]
-    assert sum(f for k in hlo.kernels for _, f in k[0]) == hlo.dot_flops
-    assert sum(b for _, b in hlo.kernels) == hlo.bytes_accessed
+    assert sum(f for k in hlo.kernels for _, f in k.flops) == hlo.dot_flops
+    assert sum(k.bytes for k in hlo.kernels) == hlo.bytes_accessed
+    # Every array in device memory: nothing in another memory space.
+    assert all(k.spaces == () for k in hlo.kernels)
+    assert sorted(k.opcode for k in hlo.kernels) == ["add", "compare", "dot", "fusion"]
 
 
 def test_kernel_table_names_each_kernel_in_the_order_and_with_the_figures_of_kernels():
@@ -837,7 +842,7 @@ def test_kernel_table_names_each_kernel_in_the_order_and_with_the_figures_of_ker
 
     text = _dot_loop(5)
     table = kernel_table(text)
-    assert [(k.flops, k.bytes) for k in table] == list(cost(text).kernels)
+    assert [(k.flops, k.bytes, k.spaces, k.opcode) for k in table] == list(cost(text).kernels)
     # Named as a profile lists them: the loop body's fusion runs 5 times.
     fusion = next(k for k in table if k.opcode == "fusion")
     assert fusion.count == 5 and fusion.flops == (("f32", 5 * DOT),)
@@ -1286,3 +1291,35 @@ def test_a_wrapped_instruction_is_read_whole():
 def test_hlo_cost_checks_its_custom_calls(calls, match):
     with pytest.raises(ValueError, match=match):
         HloCost(custom_calls_once=calls)
+
+
+def test_kernels_keep_the_bytes_of_arrays_placed_in_another_memory_space_apart():
+    from shardsearch.cost.hlo import kernel_table
+
+    # As the TPU compiler prints it: the copy writes into memory space 1
+    # ("S(1)"), the negate reads from there and writes to device memory, and
+    # the add reads both spaces.
+    text = module("%c = f32[8,128]{1,0:T(8,128)S(1)} copy(%p)",
+                  "%n = f32[8,128]{1,0} negate(%c)",
+                  "ROOT %s = f32[8,128]{1,0} add(%n, %c)")
+    array = 8 * 128 * 4
+    by_opcode = {k.opcode: k for k in cost(text).kernels}
+    assert by_opcode["copy"].bytes == 2 * array and by_opcode["copy"].spaces == ((1, array),)
+    assert by_opcode["negate"].spaces == ((1, array),)
+    assert by_opcode["add"].bytes == 3 * array and by_opcode["add"].spaces == ((1, array),)
+    # The totals are as before: where the bytes sit changes only their split.
+    assert cost(text).bytes_accessed == cost(text.replace("S(1)", "")).bytes_accessed
+    assert {k.name: k.spaces for k in kernel_table(text)} == {
+        "c": ((1, array),), "n": ((1, array),), "s": ((1, array),)}
+    # A kernel all of whose arrays sit in the space: all its bytes are there.
+    inside = module("%c = f32[8,128]{1,0:S(1)} copy(%p)",
+                    "%n = f32[8,128]{1,0:S(1)} negate(%c)",
+                    "ROOT %s = f32[8,128]{1,0} copy(%n)")
+    negate = next(k for k in cost(inside).kernels if k.opcode == "negate")
+    assert negate.spaces == ((1, negate.bytes),) and negate.bytes == 2 * array
+
+
+def test_kernel_costs_are_built_from_plain_pairs_too():
+    hlo = HloCost(kernels=(((("bf16", 2.0),), 3),))
+    assert hlo.kernels == (KernelCost((("bf16", 2.0),), 3.0, (), ""),)
+    assert hlo.kernels[0].bytes == 3.0 and isinstance(hlo.kernels[0].bytes, float)

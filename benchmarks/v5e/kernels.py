@@ -192,6 +192,16 @@ def priced(text: str) -> tuple[dict, ...]:
     return tuple(rows)
 
 
+@functools.cache
+def shipped(text: str) -> float:
+    """The program's kernels priced by the v5e model as the package ships it."""
+    import shardsearch as ss
+    from shardsearch.search import ProgramCost, Topology
+
+    program = ProgramCost.from_hlo(text, 0.0, 0.0)
+    return ss.HARDWARE[RUN.CHIP].breakdown(program, Topology(("dp",), (1,))).kernels
+
+
 def _ratio(group: list[dict], measured: dict[str, float]) -> str:
     traced = math.fsum(measured[r["name"]] for r in group)
     model = math.fsum(r["model"] for r in group)
@@ -216,8 +226,9 @@ def report(raw: Path, out: Path) -> None:
              "benchmarks/v5e/kernels.py device $OUT --workload gpt:small --budget 420`, then "
              "`--workload llama-150m-s1024-b16 --budget 470`); see notes.md. Seconds per "
              "step. *step*: the median timed step; *traced*: the kernels of two traced steps "
-             "(loops that hold kernels left out), per step; *model*: the v5e model's "
-             "per-kernel roofline (`HardwareModel.per_op`) of the same HLO; then the kernels "
+             "(loops that hold kernels left out), per step; *model*: the per-kernel "
+             "roofline (`HardwareModel.per_op`) of the same HLO with every byte at HBM's "
+             "810 GB/s, as the v5e model priced it before this report; then the kernels "
              "both list, split by what bounds them in the model (compute: matmul flops over "
              "peak; memory: bytes over HBM bandwidth), traced / model; *copy-start*: what "
              "the model charges the asynchronous copies, which the trace runs beside the "
@@ -273,7 +284,8 @@ def _what_if(raw: Path, data: dict, texts: dict[str, str], hbm: float, s1: float
             text = texts.get(RUN.hlo_name(label, k))
             if rec.get("step_times") and text is not None:
                 programs.append((label == "kernels", rec["workload"], k,
-                                 statistics.median(rec["step_times"]), priced(text)))
+                                 statistics.median(rec["step_times"]), priced(text),
+                                 shipped(text)))
     def fitted(p) -> float:
         return math.fsum(0.0 if r["opcode"] == "copy-start"
                          else max(r["compute"], r["hbm"] / hbm + r["s1"] / s1) for r in p[4])
@@ -281,9 +293,11 @@ def _what_if(raw: Path, data: dict, texts: dict[str, str], hbm: float, s1: float
     # What the kernels leave of a small step: the host's dispatch and wait,
     # the same for every program (median over the steps under 20 ms).
     constant = statistics.median(p[3] - fitted(p) for p in programs if p[3] < SMALL)
-    ways = {"the model": lambda p: math.fsum(r["model"] for r in p[4]),
+    ways = {"every byte at HBM's 810 GB/s, copies charged (the model before 2026-12-06)":
+            lambda p: math.fsum(r["model"] for r in p[4]),
             "no copy-start, fitted bandwidths": fitted,
-            f"the same + {constant * 1e3:.2f} ms a step": lambda p: fitted(p) + constant}
+            "the v5e model now (`HARDWARE['tpu-v5e']`: the same, rounded)": lambda p: p[5],
+            f"the same + {constant * 1e3:.2f} ms a step": lambda p: p[5] + constant}
     lines = ["", f"The same two changes applied to all {len(programs)} programs timed on the "
              f"chip (run.py's, grid.py's and the {len(data)} traced here; pairs of one shape's "
              "settings 1% or more apart, ordered by the estimate as the chip ran them). The "

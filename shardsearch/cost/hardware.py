@@ -44,7 +44,7 @@ from typing import Any
 
 from ..base.jsonfile import read_json
 from .breakdown import Breakdown, CollectiveCost
-from .hlo import COLLECTIVE_KINDS, Collective
+from .hlo import COLLECTIVE_KINDS, Collective, KernelCost
 from .links import Link, LinkFit, positive
 from .program import ProgramCost
 from .topology import Topology
@@ -54,7 +54,7 @@ SCHEMA = 1
 
 _KEYS = ("schema", "name", "flops_per_second", "memory_bandwidth", "memory_bytes",
          "link_bandwidth", "ici", "dcn", "overlap", "mesh", "collectives", "about",
-         "samples", "per_op")
+         "samples", "per_op", "memory_spaces", "asynchronous")
 
 Fits = tuple[tuple[tuple[str, tuple[str, ...]], LinkFit], ...]
 
@@ -91,6 +91,15 @@ class HardwareModel:
         0.94-1.09x of their measured step times, where the whole-program
         roofline was 0.87-1.47x and ordered fewer pairs of knob settings as
         the chip did (benchmarks/results/v5e/grid.md).
+      memory_spaces: per-kernel pricing only: bytes per second by memory
+        space, ``(space, bandwidth)`` pairs. Space 0 is device memory (where
+        given, it replaces `memory_bandwidth` for kernels); space ``n > 0``
+        holds the arrays the compiler placed there (layouts marked ``S(n)``,
+        `cost.hlo.KernelCost.spaces`; on TPU, space 1 is the core's on-chip
+        memory). A space not listed is charged at `memory_bandwidth`.
+      asynchronous: per-kernel pricing only: opcodes whose kernels run beside
+        the others (the TPU's ``copy-start``, a DMA its profile shows under
+        other kernels), so they are not charged.
     """
 
     name: str
@@ -105,6 +114,8 @@ class HardwareModel:
     overlap: float = 0.0
     about: tuple[tuple[str, Any], ...] = ()
     per_op: bool = False
+    memory_spaces: tuple[tuple[int, float], ...] | Mapping[int, float] = ()
+    asynchronous: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         flops = self.flops_per_second
@@ -133,6 +144,18 @@ class HardwareModel:
         object.__setattr__(self, "fits", fits)
         object.__setattr__(self, "mesh", tuple((str(a), int(s)) for a, s in self.mesh))
         object.__setattr__(self, "about", tuple(tuple(p) for p in self.about))
+        spaces = dict(self.memory_spaces)
+        for space, bandwidth in spaces.items():
+            if not (isinstance(space, int) and not isinstance(space, bool) and space >= 0):
+                raise ValueError(f"HardwareModel.memory_spaces: space {space!r} must be a "
+                                 "whole number >= 0 (0: device memory, n: layouts marked S(n))")
+            positive(bandwidth, f"HardwareModel.memory_spaces[{space}]")
+        object.__setattr__(self, "memory_spaces", tuple(sorted(spaces.items())))
+        if isinstance(self.asynchronous, str) or not all(
+                isinstance(o, str) for o in self.asynchronous):
+            raise ValueError(f"HardwareModel.asynchronous={self.asynchronous!r} must be a "
+                             "tuple of HLO opcodes, e.g. ('copy-start',)")
+        object.__setattr__(self, "asynchronous", tuple(self.asynchronous))
         positive(self.overlap, "HardwareModel.overlap", zero=True)
         if self.overlap > 1:
             raise ValueError(f"HardwareModel.overlap={self.overlap!r} must be in [0, 1]")
@@ -187,9 +210,7 @@ class HardwareModel:
         else:
             compute = program.flops / self.flops_per_second
         memory = program.bytes_accessed / self.memory_bandwidth
-        kernels = math.fsum(
-            max(math.fsum(f / self.peak(d) for d, f in flops), nbytes / self.memory_bandwidth)
-            for flops, nbytes in program.hlo.kernels) if self.prices_kernels(program) else 0.0
+        kernels = self._kernels(program.hlo.kernels) if self.prices_kernels(program) else 0.0
         if self.fits or self.ici is not None:
             if topology is None:
                 raise ValueError(f"{self.name}: charging collectives by mesh axes needs the "
@@ -205,6 +226,22 @@ class HardwareModel:
         costs = tuple(CollectiveCost(kind, axes, int(n), nbytes, seconds)
                       for (kind, axes), (n, nbytes, seconds) in rows.items())
         return Breakdown(compute, memory, costs, self.overlap, kernels)
+
+    def _kernels(self, kernels: tuple[KernelCost, ...]) -> float:
+        """Seconds of the kernels, each at its own roofline: its matmul flops
+        over the peak for their dtype, or its bytes over the bandwidth of the
+        memory space they are in, whichever is longer."""
+        bandwidth = dict(self.memory_spaces)
+        device = bandwidth.get(0, self.memory_bandwidth)
+        total = []
+        for kernel in kernels:
+            if kernel.opcode in self.asynchronous:
+                continue
+            placed = math.fsum(b for _, b in kernel.spaces)
+            memory = (kernel.bytes - placed) / device + math.fsum(
+                b / bandwidth.get(n, self.memory_bandwidth) for n, b in kernel.spaces)
+            total.append(max(math.fsum(f / self.peak(d) for d, f in kernel.flops), memory))
+        return math.fsum(total)
 
     def prices_kernels(self, program: ProgramCost) -> bool:
         """Whether `breakdown` prices `program` kernel by kernel: a `per_op`
@@ -278,6 +315,9 @@ class HardwareModel:
             "about": dict(self.about),
             # Only where set: the models that price no kernel keep their form.
             **({"per_op": True} if self.per_op else {}),
+            **({"memory_spaces": {str(n): b for n, b in self.memory_spaces}}
+               if self.memory_spaces else {}),
+            **({"asynchronous": list(self.asynchronous)} if self.asynchronous else {}),
         }
 
     @classmethod
@@ -331,9 +371,22 @@ class HardwareModel:
         per_op = data.get("per_op", False)
         if not isinstance(per_op, bool):
             raise ValueError(f"{where}: field 'per_op' must be true or false, got {per_op!r}")
+        spaces = field.get("memory_spaces", {})
+        if not isinstance(spaces, dict) or not all(
+                isinstance(n, str) and n.isdigit() for n in spaces):
+            raise ValueError(f"{where}: field 'memory_spaces' must map memory spaces (\"0\", "
+                             f"\"1\", ...) to bandwidths, got {spaces!r}")
+        spaces = {int(n): positive(b, f"{where}: field 'memory_spaces.{n}'")
+                  for n, b in spaces.items()}
+        asynchronous = field.get("asynchronous", [])
+        if not isinstance(asynchronous, list) or not all(
+                isinstance(o, str) for o in asynchronous):
+            raise ValueError(f"{where}: field 'asynchronous' must be a list of HLO opcodes, "
+                             f"got {asynchronous!r}")
         try:
             return cls(name, flops, memory_bandwidth, link_bandwidth, memory_bytes, ici, dcn,
-                       fits, tuple(mesh.items()), overlap, tuple(about.items()), per_op)
+                       fits, tuple(mesh.items()), overlap, tuple(about.items()), per_op,
+                       tuple(spaces.items()), tuple(asynchronous))
         except ValueError as err:  # what only the whole model can check
             raise ValueError(f"{where}: {err}") from None
 

@@ -51,6 +51,7 @@ import functools
 import math
 import operator
 import re
+from typing import NamedTuple
 
 from .hlo_graph import Computation, Instruction, Module, closing, parse_module, split_top
 from .hlo_types import ARRAY, CALLS, ELEMENT_BITS, callers, matmul_dtype
@@ -255,6 +256,28 @@ class CollectiveSummary:
         return sum(c.transferred_bytes() for c in self.collectives)
 
 
+class KernelCost(NamedTuple):
+    """One entry of :attr:`HloCost.kernels`: a kernel's work per step.
+
+    Attributes:
+      flops: the matmul flops it holds, ``(dtype, flops)`` pairs.
+      bytes: the bytes it reads and writes.
+      spaces: of those bytes, the ones in arrays the compiler placed in
+        memory space ``n > 0`` (layouts marked ``S(n)``; on TPU, space 1 is
+        the core's on-chip memory), ``(n, bytes)`` pairs by ``n``; empty
+        where every array is in device memory (XLA:CPU and GPU programs).
+      opcode: the instruction's opcode ("fusion", "copy-start", ...).
+
+    Example:
+      >>> KernelCost((("bf16", 2.1e12),), 3.4e9, ((1, 1.0e9),), "fusion")
+    """
+
+    flops: tuple[tuple[str, float], ...]
+    bytes: float
+    spaces: tuple[tuple[int, float], ...] = ()
+    opcode: str = ""
+
+
 @dataclasses.dataclass(frozen=True)
 class HloCost:
     """The matmul flops and memory traffic of one compiled module, per device and step.
@@ -318,12 +341,12 @@ class HloCost:
         them, sorted by target, e.g. ``(("ConcatBitcast", 30),)``. The TPU
         compiler's ``optimal_seconds`` charges some of them a sentinel
         (:attr:`shardsearch.cost.program.ProgramCost.compiler_seconds`).
-      kernels: one entry per instruction that runs as a kernel of its own (an
-        unfused instruction or a fusion, of ENTRY or of a loop body or a
-        call), times its executions per step: ``(flops by dtype, bytes)``,
-        the matmul flops it holds as ``(dtype, flops)`` pairs and the bytes it
-        reads and writes, e.g. ``((("bf16", 2.1e12),), 3.4e9)``. A model that
-        prices each kernel by its own roofline reads them
+      kernels: one :class:`KernelCost` per instruction that runs as a
+        kernel of its own (an unfused instruction or a fusion, of ENTRY or of
+        a loop body or a call), times its executions per step, e.g.
+        ``KernelCost((("bf16", 2.1e12),), 3.4e9, (), "fusion")``; built from
+        plain ``(flops, bytes)`` pairs too. A model that prices each kernel
+        by its own roofline reads them
         (:attr:`shardsearch.cost.hardware.HardwareModel.per_op`). Instructions
         that move nothing and compute no matmul are left out.
     """
@@ -335,13 +358,15 @@ class HloCost:
     unknown_ops: tuple[str, ...] = ()
     dot_flops_by_dtype: tuple[tuple[str, float], ...] = ()
     custom_calls_once: tuple[tuple[str, int], ...] = ()
-    kernels: tuple[tuple[tuple[tuple[str, float], ...], float], ...] = ()
+    kernels: tuple[KernelCost, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "unknown_ops", tuple(self.unknown_ops))
         object.__setattr__(self, "kernels", tuple(
-            (tuple((str(d), float(f)) for d, f in flops), float(nbytes))
-            for flops, nbytes in self.kernels))
+            KernelCost(tuple((str(d), float(f)) for d, f in k[0]), float(k[1]),
+                       *((tuple((int(n), float(b)) for n, b in k[2]),) if len(k) > 2 else ()),
+                       *((str(k[3]),) if len(k) > 3 else ()))
+            for k in self.kernels))
         for field in ("dot_flops", "dot_flops_once", "bytes_accessed", "bytes_accessed_once"):
             value = getattr(self, field)
             if not value >= 0:
@@ -405,7 +430,13 @@ def parse_hlo(hlo_text: str) -> tuple[CollectiveSummary, HloCost]:
         or replica-group syntax this parser does not know.
     """
     module = parse_module(hlo_text)
-    return _collectives(module), _costs(module)
+    named: list[Kernel] = []
+    cost = _costs(module, named)
+    if _PLACED.search(hlo_text):
+        placed = [k.spaces for k in _placed(hlo_text, named)]
+        cost = dataclasses.replace(cost, kernels=tuple(
+            k._replace(spaces=spaces) for k, spaces in zip(cost.kernels, placed, strict=True)))
+    return _collectives(module), cost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,6 +450,7 @@ class Kernel:
       count: its executions per step (loop trip counts multiplied).
       flops: the matmul flops by dtype it computes per step, all executions.
       bytes: the bytes it reads and writes per step, all executions.
+      spaces: of those, the bytes in memory space ``n > 0`` (:class:`KernelCost`).
     """
 
     computation: str
@@ -427,6 +459,7 @@ class Kernel:
     count: float
     flops: tuple[tuple[str, float], ...]
     bytes: float
+    spaces: tuple[tuple[int, float], ...] = ()
 
 
 def kernel_table(hlo_text: str) -> list[Kernel]:
@@ -434,7 +467,31 @@ def kernel_table(hlo_text: str) -> list[Kernel]:
     same order; for comparing the model kernel by kernel with a profile."""
     named: list[Kernel] = []
     _costs(parse_module(hlo_text), named)
-    return named
+    return _placed(hlo_text, named) if _PLACED.search(hlo_text) else named
+
+
+# An array whose layout places it in memory space n > 0, as
+# "bf16[8,2048]{1,0:T(8,128)(2,1)S(1)}": its type, dims, layout and n.
+_PLACED = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\bS\(([1-9]\d*)\)[^{}]*\})")
+
+
+def _placed(hlo_text: str, named: list[Kernel]) -> list[Kernel]:
+    """`named` with each kernel's bytes per memory space: the text parsed
+    again with the arrays of one space made empty, per space it uses; what a
+    kernel loses there is what it moves in that space."""
+    spaces = sorted({int(m[4]) for m in _PLACED.finditer(hlo_text)})
+    outside = []
+    for space in spaces:
+        emptied = _PLACED.sub(lambda m, n=space: f"{m[1]}[0]{m[3]}" if int(m[4]) == n
+                              else m[0], hlo_text)
+        rest: list[Kernel] = []
+        _costs(parse_module(emptied), rest)
+        # a kernel all of whose bytes sat in the space drops out of the list
+        outside.append({(k.computation, k.name): k.bytes for k in rest})
+    return [dataclasses.replace(k, spaces=tuple(
+        (space, k.bytes - found.get((k.computation, k.name), 0.0))
+        for space, found in zip(spaces, outside, strict=True)
+        if k.bytes > found.get((k.computation, k.name), 0.0))) for k in named]
 
 
 def parse_collectives(hlo_text: str) -> CollectiveSummary:
@@ -534,11 +591,11 @@ def _costs(module: Module, named: list[Kernel] | None = None) -> HloCost:
             traffic_once += size * once
             work = _kernel_flops(instruction, computation, held, own)
             if count and (size or work):
-                kernels.append((tuple((d, f * count) for d, f in sorted(work.items())),
-                                float(size * count)))
+                kernels.append(KernelCost(tuple((d, f * count) for d, f in sorted(work.items())),
+                                          float(size * count), (), instruction.opcode))
                 if named is not None:
                     named.append(Kernel(computation.name, instruction.name,
-                                        instruction.opcode, count, *kernels[-1]))
+                                        instruction.opcode, count, *kernels[-1][:2]))
     return HloCost(
         dot_flops=flops,
         dot_flops_once=flops_once,
