@@ -54,8 +54,8 @@ NAMED: dict[str, HardwareModel] = {
         # (least squares over 400 memory-bound kernels): 690 GB/s for HBM,
         # 2.68 TB/s for what the compiler placed in memory space 1; its copies
         # into that space run beside the kernels. Tested on the shapes not
-        # fitted to: 21 of 22 pairs of settings ordered as the chip ran them,
-        # against 8 with every byte at 810 GB/s (benchmarks/results/v5e/kernels.md).
+        # fitted to: 37 of 42 pairs of settings ordered as the chip ran them,
+        # against 14 with every byte at 810 GB/s (benchmarks/results/v5e/kernels.md).
         memory_spaces=((0, 6.9e11), (1, 2.68e12)), asynchronous=("copy-start",)),
     "tpu-v5p": HardwareModel(
         "tpu-v5p (95 GiB HBM, 3D torus ICI)",
