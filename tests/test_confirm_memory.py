@@ -133,3 +133,10 @@ def test_device_memory_is_the_runtimes_limit_read_from_a_device_of_this_process(
     other, mine = device(jax.process_index() + 1, 1), device(jax.process_index(), 16 << 30)
     mesh = types.SimpleNamespace(devices=np.array([other, mine]))
     assert _mesh.device_memory(mesh) == 16 << 30
+
+    def unimplemented():
+        raise RuntimeError("UNIMPLEMENTED: GetMemoryStats is not supported")
+
+    # A runtime that cannot report: the limit is unknown, the search goes on.
+    silent = types.SimpleNamespace(process_index=jax.process_index(), memory_stats=unimplemented)
+    assert _mesh.device_memory(types.SimpleNamespace(devices=np.array([silent]))) is None

@@ -40,9 +40,13 @@ def device_memory(mesh: Mesh) -> int | None:
     """Bytes one device of `mesh` can hold, as its runtime reports them
     ("bytes_limit" of `memory_stats()`), read from a device of this process
     (in a mesh across processes the others' have no statistics here); None
-    where the runtime reports none (CPU devices)."""
+    where the runtime reports none (CPU devices) or cannot (a backend whose
+    `memory_stats` raises, as some plugins' do: unknown, not a crash)."""
     here = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-    stats = (here or list(mesh.devices.flat))[0].memory_stats() or {}
+    try:
+        stats = (here or list(mesh.devices.flat))[0].memory_stats() or {}
+    except (NotImplementedError, RuntimeError):  # jaxlib's XlaRuntimeError is a RuntimeError
+        return None
     limit = stats.get("bytes_limit")
     return int(limit) if isinstance(limit, int | float) and limit > 0 else None
 
