@@ -19,9 +19,10 @@ is behind it, laid out by job (docs/architecture.md):
   no winner), `export_config`, `confirm_study`.
 
 Also re-exported for extensions: `ProgramCost` and `Topology` (what a
-`HardwareModel` subclass prices), `kernel_table` and `Kernel` (a program's
-kernels as a per-kernel model prices them, named, to set beside a
-profile), `registered_kinds` and `rule_from_config`
+`HardwareModel` subclass prices; `KernelCost`, one kernel's work and
+bytes per memory space, as `ProgramCost.hlo.kernels` holds them),
+`kernel_table` and `Kernel` (a program's kernels as a per-kernel model
+prices them, named, to set beside a profile), `registered_kinds` and `rule_from_config`
 (rule kinds), `plan_config` (a plan's data without writing it),
 `parse_bytes`, and stage 1's memory prediction (`trace_program`,
 `predict_footprint`, `Footprint`).
@@ -35,6 +36,7 @@ from ..cost.footprint import Footprint as Footprint
 from ..cost.footprint import predict_footprint as predict_footprint
 from ..cost.footprint import trace_program as trace_program
 from ..cost.hlo import Kernel as Kernel
+from ..cost.hlo import KernelCost as KernelCost
 from ..cost.hlo import kernel_table as kernel_table
 from ..cost.hlo import parse_hlo as parse_hlo
 from ..cost.program import ProgramCost as ProgramCost
@@ -90,6 +92,7 @@ __all__ = [
     "Hybrid",
     "InProcess",
     "Kernel",
+    "KernelCost",
     "NothingCompleted",
     "Objective",
     "OptimizeResult",
