@@ -245,30 +245,3 @@ def test_a_step_it_cannot_predict_is_said_once_and_left_to_the_compiler(mesh24, 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not said again for the same knobs
         assert "predicted" not in _evaluate.check(specs, fp, ctx)[1]
-
-
-def test_where_a_table_and_the_tokens_want_one_axis_the_larger_tensor_keeps_it_as_in_xla():
-    # An embedding table split on d_model over the same axis as the tokens'
-    # batch: XLA's propagation (Shardy's: the op's largest tensor keeps its
-    # factor) keeps d_model split, so the activations and the logits hold
-    # the whole batch. Stage 1 once gave the batch the axis and predicted an
-    # eighth of the logits (cpu-static64: up to 28x under XLA's total).
-    def step(table, tokens):
-        x = table[tokens]                                   # [8, 16, 64]
-        logits = jnp.einsum("bse,ve->bsv", x, table)        # [8, 16, 512]: 256 KiB whole
-        return table, jnp.sum(jax.nn.logsumexp(logits, axis=-1))
-
-    args = (_sds(512, 64), jax.ShapeDtypeStruct((8, 16), jnp.int32))
-    program = trace_program(step, args)
-    mesh = jax.make_mesh((8,), ("dp",), axis_types=(jax.sharding.AxisType.Auto,))
-    for table_spec in (P(None, "dp"), P()):
-        predicted = predict(program, (table_spec, P("dp")), {"dp": 8})
-        shardings = tuple(jax.sharding.NamedSharding(mesh, s) for s in (table_spec, P("dp")))
-        xla = jax.jit(step, in_shardings=shardings, donate_argnums=0).lower(
-            *args).compile().memory_analysis()
-        assert predicted.arguments == xla.argument_size_in_bytes
-        if table_spec == P():   # nothing to contest: the batch keeps dp
-            assert predicted.live < 8 * 16 * 512 * 4
-        else:
-            assert predicted.live >= 8 * 16 * 512 * 4
-            assert predicted.live == pytest.approx(xla.temp_size_in_bytes, rel=0.1)

@@ -7,14 +7,12 @@ activation rules add sharding constraints) and keeps its `DimGraph`
 `predict_footprint(program, specs, axis_sizes)` then prices one candidate:
 
 1. **Where each value is split.** Every sharding constraint in the program,
-   then the arguments' specs, say which mesh axes split which dims. The
-   other dims take them as Shardy's propagation would (`_sweep`): in program
-   order, forward then backward, from the dims the dataflow couples them to,
-   the constraints' first, as XLA holds to them; where two dims of one value
-   want the same axis, the one fed by the larger tensor keeps it (an
-   activation's batch dim follows the batch's, the MLP hidden dim the
-   weight's column split, but d_model keeps the axes of an embedding table
-   split on it over the tokens' batch). A
+   then the arguments' specs, say which mesh axes split which dims. Each other
+   dim takes the axes of the nearest split one the dataflow couples it to (a
+   breadth-first search over the graph's edges), the constraints' first, as
+   XLA's propagation holds to them, then the arguments' where a constraint's
+   axis is taken by another dim of the value: an activation's batch dim
+   follows the batch's, the MLP hidden dim the weight's column split. A
    value's bytes per device are those of its shard: each dim split by the
    distinct mesh axes on it, rounded up where they do not divide it (XLA
    pads the last shards: a microbatch of 384 rows on 256 devices holds 2).
@@ -34,6 +32,7 @@ showed (`evaluation.evaluate.check`) before it cuts on it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -120,7 +119,7 @@ def predict_footprint(program: Program, specs: Sequence[Any],
                 # A leaf without a spec is whole.
                 spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
                 _seed(given, vid, dim_axes(spec, g.rank(vid)))
-    axes = _sweep(g, [program.pinned, given])
+    axes = _spread(g, [program.pinned, given])
     shard = _shard_bytes(g, axes, axis_sizes)
 
     def size(vid: int) -> int:
@@ -132,10 +131,6 @@ def predict_footprint(program: Program, specs: Sequence[Any],
                default=0)
     return Footprint(arguments, live)
 
-
-# Sweeps of the program (each forward, then backward) at most: a step's
-# splits settle in a few; a cap, since a value's dims can trade axes.
-_SWEEPS = 20
 
 # Primitives whose outputs XLA computes inside the fusion that reads them
 # rather than storing them: a broadcast (a mask, a zero, a bias) and an iota.
@@ -173,60 +168,33 @@ def _ops(frames: Sequence[Frame]) -> Any:
             yield from _ops(op.bodies)
 
 
-def _sweep(g: DimGraph, tiers: Sequence[dict[Node, tuple[str, ...]]],
-           ) -> dict[Node, list[tuple[str, ...]]]:
-    """Each node's mesh axes (a one-item list; absent: whole), spread as
-    Shardy spreads shardings: tier by tier (the step's constraints, then the
-    arguments), each seed fixed; then the graph's nodes in program order
-    (value ids are given as the walk meets them), forward then backward,
-    until nothing changes. A node takes the axes of an already placed
-    neighbour met earlier in the sweep's direction, the neighbour of the
-    largest value first; when two dims of one value want the same axis, the
-    one whose axes came from the larger value keeps it (Shardy keeps the
-    factor of an op's largest tensor), a seed always. So the batch keeps its
-    axes through the forward pass where no larger tensor asks for them, and
-    where an embedding table split on d_model meets the tokens split on the
-    same axes, d_model keeps them and the activations hold the whole batch,
-    as XLA's propagation decides (`benchmarks/results/prediction/notes.md`).
-    A seed that keeps its dim whole (a replicated weight's) stays whole but
-    spreads nothing."""
+def _spread(g: DimGraph, tiers: Sequence[dict[Node, tuple[str, ...]]],
+            ) -> dict[Node, list[tuple[str, ...]]]:
+    """Each node's candidate axes, best first: a seeded node its seed's only;
+    any other node, per tier in order, the axes of the nearest split seed of
+    that tier that reaches it through unseeded nodes (the first in order on a
+    tie). A seed that keeps its dim whole (a replicated weight's) stays whole
+    but spreads nothing: XLA keeps an activation split by the batch even where
+    it meets a replicated weight."""
     seeded: dict[Node, tuple[str, ...]] = {}
     for tier in tiers:
         for node, axes in tier.items():
             seeded.setdefault(node, axes)
-    assign: dict[Node, tuple[str, ...]] = {}
-    used: dict[int, dict[int, set[str]]] = {}
-    source: dict[Node, int] = {}  # bytes of the value a node's axes came from
-    nodes = sorted(g.graph.nodes)
-
-    def place(node: Node, axes: tuple[str, ...], size: int) -> bool:
-        vid, dim = node
-        mine = used.setdefault(vid, {})
-        clash = [d for d, taken in mine.items() if d != dim and taken & set(axes)]
-        if any((vid, d) in seeded or source[(vid, d)] >= size for d in clash):
-            return False
-        for d in clash:
-            del assign[(vid, d)], mine[d]
-        assign[node], mine[dim], source[node] = axes, set(axes), size
-        return True
-
+    options: dict[Node, list[tuple[str, ...]]] = {n: [a] for n, a in seeded.items()}
     for tier in tiers:
-        for node, axes in tier.items():
-            if axes and seeded[node] == axes and node in g.graph:
-                place(node, axes, g.nbytes(node[0]))
-        for _ in range(_SWEEPS):
-            changed = False
-            for forward in (True, False):
-                for node in nodes if forward else reversed(nodes):
-                    if node in seeded or node in assign:
-                        continue
-                    offers = sorted(((g.nbytes(n[0]), assign[n]) for n in g.graph.neighbors(node)
-                                     if n in assign and (n[0] < node[0]) == forward),
-                                    key=lambda offer: -offer[0])
-                    changed |= any(place(node, axes, size) for size, axes in offers)
-            if not changed:
-                break
-    return {node: [axes] for node, axes in assign.items()}
+        reached: dict[Node, tuple[str, ...]] = {}
+        queue = collections.deque(n for n, axes in tier.items()
+                                  if axes and seeded[n] == axes and n in g.graph)
+        while queue:
+            node = queue.popleft()
+            axes = seeded.get(node) or reached[node]
+            for other in g.graph.neighbors(node):
+                if other not in seeded and other not in reached:
+                    reached[other] = axes
+                    queue.append(other)
+        for node, axes in reached.items():
+            options.setdefault(node, []).append(axes)
+    return options
 
 
 def _shard_bytes(g: DimGraph, options: Mapping[Node, list[tuple[str, ...]]],
@@ -313,5 +281,3 @@ def _peak(frame: Frame, size: Callable[[int], int], aliased: frozenset[int] = fr
             if v in alive and last.get(v, -1) <= i:
                 live -= alive.pop(v)
     return max(peak, live)
-
-
