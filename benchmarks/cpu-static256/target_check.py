@@ -1,0 +1,61 @@
+"""cpu-static256's winners compiled by the v5p's own compiler, deviceless.
+
+The suite searches on 256 simulated CPU devices and prices XLA:CPU's program
+with the v5p model. This compiles an entry's exported winner
+(`rules/cpu-static256/<id>.json`) and the expert plans named after it for a
+deviceless v5p topology of the entry's mesh (`shardsearch.target_mesh`),
+and prints, one JSON line per plan, the compiler's peak memory and the v5p
+model's estimate of the chip's program:
+
+    python benchmarks/cpu-static256/target_check.py llama-70b-dp32-tp8 dp=32,tp=8 winner fsdp_tp
+"""
+
+import json
+import sys
+import time
+
+import shardsearch as ss
+
+ss.use_cpu_devices(1)
+
+import jax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+from shardsearch.search import ProgramCost, Topology  # noqa: E402
+from shardsearch.workloads import expert_plan, get_workload  # noqa: E402
+
+
+def main(entry: str, mesh_text: str, labels: list[str]) -> None:
+    dims = {a: int(n) for a, n in (part.split("=") for part in mesh_text.split(","))}
+    workload = get_workload("llama:70b")
+    args = workload.abstract()
+    mesh = ss.target_mesh("tpu-v5p", dims)
+    plan = ss.load_plan(f"rules/cpu-static256/{entry}.json", mesh)
+    model = ss.HARDWARE["tpu-v5p"]
+    for label in labels:
+        specs = (plan.apply(args) if label == "winner"
+                 else expert_plan(workload, mesh, label).specs(args, mesh))
+        shard = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+        start = time.perf_counter()
+        try:
+            compiled = jax.jit(workload.step, in_shardings=shard,
+                               donate_argnums=0).lower(*args).compile()
+        except Exception as err:  # the compiler's refusal is the answer
+            print(json.dumps({"entry": entry, "plan": label, "error": str(err)[:400],
+                              "seconds": time.perf_counter() - start}), flush=True)
+            continue
+        seconds = time.perf_counter() - start
+        b = model.breakdown(ProgramCost.from_compiled(compiled), Topology.of(mesh))
+        m = compiled.memory_analysis()
+        peak = getattr(m, "peak_memory_in_bytes", None)
+        print(json.dumps({"entry": entry, "plan": label, "compile_s": round(seconds, 1),
+                          "estimate_s": b.total, "kernels_s": b.kernels, "compute_s": b.compute,
+                          "memory_s": b.memory, "communication_s": b.communication,
+                          "hidden_s": b.hidden, "peak_gib": peak / 2**30 if peak else None,
+                          "args_gib": m.argument_size_in_bytes / 2**30,
+                          "temp_gib": m.temp_size_in_bytes / 2**30}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
