@@ -93,6 +93,7 @@ def trace_steps(compiled, abstract, steps: int) -> dict:
                       for key, names in lines.items()}}
 
 
+@functools.cache  # each setting asks twice; grid.py loads run.py again
 def workload(name: str):
     """run.py's 400M llama, one of grid.py's shapes by its name, or a registered workload."""
     grid = _load("grid")
@@ -163,31 +164,24 @@ def measured_kernels(rec: dict) -> dict[str, float]:
     return found
 
 
-# An array shape whose layout places it in memory space 1 ("S(1)"), as
-# "bf16[8,2048]{1,0:T(8,128)(2,1)S(1)}": its type, dims and layout.
-_SPACE_1 = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*S\(1\)[^{}]*\})")
-
-
 @functools.cache  # the report and its what-if read the same programs
 def priced(text: str) -> tuple[dict, ...]:
-    """Each kernel of the program as the v5e model prices it (`memory`: its
-    bytes over HBM bandwidth; `model`: the larger of that and `compute`),
-    with the bytes of its arrays in memory space 1 (layouts marked `S(1)`:
-    where the TPU compiler placed them in the chip's faster memory) apart:
-    the same HLO with those arrays made empty gives the bytes outside it."""
+    """Each kernel of the program as the v5e model priced it before it knew
+    memory spaces (`memory`: all its bytes over HBM bandwidth; `model`: the
+    larger of that and `compute`), with the bytes of its arrays in memory
+    space 1 (layouts marked `S(1)`: where the TPU compiler placed them in the
+    chip's faster memory) apart, as `kernel_table` splits them."""
     import shardsearch as ss
     from shardsearch.search import kernel_table
 
     model = ss.HARDWARE[RUN.CHIP]
-    outside = {(k.computation, k.name): k.bytes for k in kernel_table(
-        _SPACE_1.sub(lambda m: f"{m[1]}[0]{m[3]}", text))}
     rows = []
     for k in kernel_table(text):
         compute = math.fsum(f / model.peak(d) for d, f in k.flops)
-        hbm = outside.get((k.computation, k.name), 0.0)
+        s1 = dict(k.spaces).get(1, 0.0)
         memory = k.bytes / model.memory_bandwidth
-        rows.append({"name": k.name, "opcode": k.opcode, "compute": compute, "hbm": hbm,
-                     "s1": k.bytes - hbm, "bandwidth": model.memory_bandwidth,
+        rows.append({"name": k.name, "opcode": k.opcode, "compute": compute, "hbm": k.bytes - s1,
+                     "s1": s1, "bandwidth": model.memory_bandwidth,
                      "memory": memory, "model": max(compute, memory)})
     return tuple(rows)
 
