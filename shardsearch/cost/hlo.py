@@ -278,6 +278,13 @@ class KernelCost(NamedTuple):
     opcode: str = ""
 
 
+def _kernel_cost(flops, nbytes, spaces=(), opcode="") -> KernelCost:
+    """A `KernelCost` with its fields' types made exact (a plain
+    `(flops, bytes)` pair gets no spaces and no opcode)."""
+    return KernelCost(tuple((str(d), float(f)) for d, f in flops), float(nbytes),
+                      tuple((int(n), float(b)) for n, b in spaces), str(opcode))
+
+
 @dataclasses.dataclass(frozen=True)
 class HloCost:
     """The matmul flops and memory traffic of one compiled module, per device and step.
@@ -362,11 +369,7 @@ class HloCost:
 
     def __post_init__(self):
         object.__setattr__(self, "unknown_ops", tuple(self.unknown_ops))
-        object.__setattr__(self, "kernels", tuple(
-            KernelCost(tuple((str(d), float(f)) for d, f in k[0]), float(k[1]),
-                       *((tuple((int(n), float(b)) for n, b in k[2]),) if len(k) > 2 else ()),
-                       *((str(k[3]),) if len(k) > 3 else ()))
-            for k in self.kernels))
+        object.__setattr__(self, "kernels", tuple(_kernel_cost(*k) for k in self.kernels))
         for field in ("dot_flops", "dot_flops_once", "bytes_accessed", "bytes_accessed_once"):
             value = getattr(self, field)
             if not value >= 0:
@@ -467,7 +470,7 @@ def kernel_table(hlo_text: str) -> list[Kernel]:
     same order; for comparing the model kernel by kernel with a profile."""
     named: list[Kernel] = []
     _costs(parse_module(hlo_text), named)
-    return _placed(hlo_text, named) if _PLACED.search(hlo_text) else named
+    return _placed(hlo_text, named)
 
 
 # An array whose layout places it in memory space n > 0, as
@@ -480,6 +483,8 @@ def _placed(hlo_text: str, named: list[Kernel]) -> list[Kernel]:
     again with the arrays of one space made empty, per space it uses; what a
     kernel loses there is what it moves in that space."""
     spaces = sorted({int(m[4]) for m in _PLACED.finditer(hlo_text)})
+    if not spaces:  # every array in device memory: no second parse
+        return named
     outside = []
     for space in spaces:
         emptied = _PLACED.sub(lambda m, n=space: f"{m[1]}[0]{m[3]}" if int(m[4]) == n
