@@ -291,6 +291,19 @@ def test_a_program_compiled_here_is_priced_whole_by_a_chip_model():
     assert b.kernels == 0.0 and b.total == max(b.compute, b.memory)
 
 
+def test_a_program_without_arguments_is_known_by_its_results_platform():
+    # No argument sharding to read the platform from: before, such a CPU
+    # program had no platform and a chip model priced its CPU kernels.
+    import jax
+    import jax.numpy as jnp
+
+    compiled = jax.jit(lambda: jnp.tanh(jnp.ones((256, 256)) @ jnp.ones((256, 256)))
+                       ).lower().compile()
+    program = ProgramCost.from_compiled(compiled)
+    assert program.platform == "cpu"
+    assert HARDWARE["tpu-v5e"].breakdown(program, Topology(("dp",), (1,))).kernels == 0.0
+
+
 # --- against a real chip -----------------------------------------------------
 
 V5E_RAW = Path(__file__).resolve().parents[1] / "benchmarks/results/v5e/raw"

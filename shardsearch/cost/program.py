@@ -102,12 +102,14 @@ class XlaMemory:
 
 
 def _platform(compiled: Any) -> str | None:
-    """The platform of the devices a compiled program's arguments sit on,
-    or None when it has no argument with a sharding to say."""
-    for sharding in jax.tree.leaves(getattr(compiled, "input_shardings", None)):
-        devices = getattr(sharding, "device_set", None)
-        if devices:
-            return next(iter(devices)).platform
+    """The platform of the devices a compiled program's arguments sit on
+    (its results', for a program without arguments), or None when neither
+    has a sharding to say."""
+    for shardings in ("input_shardings", "output_shardings"):
+        for sharding in jax.tree.leaves(getattr(compiled, shardings, None)):
+            devices = getattr(sharding, "device_set", None)
+            if devices:
+                return next(iter(devices)).platform
     return None
 
 
