@@ -281,9 +281,9 @@ def test_the_shipped_suites_load(name):
 
 def test_the_shipped_suites_are_package_data_named_in_the_help(capsys):
     names = suite_names()
-    assert names == ["cpu-sim8", "cpu-sim8-activations", "cpu-static256", "cpu-static64",
-                     "cpu-static64-knobs", "gpu-1", "gpu-8", "published", "published-chip",
-                     "tpu-v5e-8"]
+    assert names == ["cpu-sim8", "cpu-sim8-activations", "cpu-sim8-knobs", "cpu-static256",
+                     "cpu-static64", "cpu-static64-knobs", "gpu-1", "gpu-8", "published",
+                     "published-chip", "tpu-v5e-8"]
     assert list(_cli_bench.BUILTIN_SUITES) == names
     # Shipped with the package (not only present in this checkout): pyproject's
     # package data covers every suite file.
@@ -309,8 +309,8 @@ def test_a_shipped_suite_is_found_from_any_folder(tmp_path, monkeypatch, capsys)
     assert _cli.main(["bench", "--suite", "nope", "--list"]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert "unknown suite 'nope': shardsearch ships no such suite (its suites: cpu-sim8, " \
-        "cpu-sim8-activations, cpu-static256, cpu-static64, cpu-static64-knobs, gpu-1, gpu-8, " \
-        "published, published-chip, tpu-v5e-8)" in line
+        "cpu-sim8-activations, cpu-sim8-knobs, cpu-static256, cpu-static64, " \
+        "cpu-static64-knobs, gpu-1, gpu-8, published, published-chip, tpu-v5e-8)" in line
 
 
 def test_the_console_entry_lists_a_shipped_suite_outside_the_repository(tmp_path):

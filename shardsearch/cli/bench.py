@@ -20,9 +20,9 @@ from .args import (
 
 # The suites shipped in shardsearch/bench/suites/, named in --help without
 # importing the benchmark code (a test checks the list against the files).
-BUILTIN_SUITES = ("cpu-sim8", "cpu-sim8-activations", "cpu-static256", "cpu-static64",
-                  "cpu-static64-knobs", "gpu-1", "gpu-8", "published", "published-chip",
-                  "tpu-v5e-8")
+BUILTIN_SUITES = ("cpu-sim8", "cpu-sim8-activations", "cpu-sim8-knobs", "cpu-static256",
+                  "cpu-static64", "cpu-static64-knobs", "gpu-1", "gpu-8", "published",
+                  "published-chip", "tpu-v5e-8")
 
 
 class _WholeNames(argparse.HelpFormatter):
