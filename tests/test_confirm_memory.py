@@ -7,6 +7,7 @@ import jax
 import pytest
 
 from shardsearch.base import mesh as _mesh
+from shardsearch.base.warnings import ShardsearchWarning
 from shardsearch.search import Candidate, make_context, resolve
 from shardsearch.search.evaluation import confirm as _confirm
 from shardsearch.search.evaluation import evaluate as _evaluate
@@ -137,6 +138,7 @@ def test_device_memory_is_the_runtimes_limit_read_from_a_device_of_this_process(
     def unimplemented():
         raise RuntimeError("UNIMPLEMENTED: GetMemoryStats is not supported")
 
-    # A runtime that cannot report: the limit is unknown, the search goes on.
+    # A runtime that cannot report: the limit is unknown (and said so), the search goes on.
     silent = types.SimpleNamespace(process_index=jax.process_index(), memory_stats=unimplemented)
-    assert _mesh.device_memory(types.SimpleNamespace(devices=np.array([silent]))) is None
+    with pytest.warns(ShardsearchWarning, match="cannot report their memory .*memory_budget="):
+        assert _mesh.device_memory(types.SimpleNamespace(devices=np.array([silent]))) is None

@@ -16,6 +16,8 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
+from .warnings import ShardsearchWarning
+
 AnyMesh = Mesh | AbstractMesh
 
 _AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -45,7 +47,11 @@ def device_memory(mesh: Mesh) -> int | None:
     here = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     try:
         stats = (here or list(mesh.devices.flat))[0].memory_stats() or {}
-    except (NotImplementedError, RuntimeError):  # jaxlib's XlaRuntimeError is a RuntimeError
+    except (NotImplementedError, RuntimeError) as err:  # jaxlib's XlaRuntimeError is one
+        warnings.warn(ShardsearchWarning(
+            f"the devices' runtime cannot report their memory ({type(err).__name__}: "
+            f"{str(err)[:200]}): no memory limit is known, so none is applied by default; "
+            "give one with memory_budget= (--budget)"), stacklevel=2)
         return None
     limit = stats.get("bytes_limit")
     return int(limit) if isinstance(limit, int | float) and limit > 0 else None
