@@ -26,7 +26,8 @@ from shardsearch.workloads import expert_plan, get_workload  # noqa: E402
 
 
 def main(entry: str, mesh_text: str, labels: list[str]) -> None:
-    dims = {a: int(n) for a, n in (part.split("=") for part in mesh_text.split(","))}
+    sizes, names = ss.parse_mesh(mesh_text)
+    dims = dict(zip(names, sizes, strict=True))
     workload = get_workload("llama:70b")
     args = workload.abstract()
     mesh = ss.target_mesh("tpu-v5p", dims)
