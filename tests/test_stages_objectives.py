@@ -2,10 +2,13 @@
 
 import dataclasses
 import json
+import re
 import types
 
+import jax
 import optuna
 import pytest
+from jax.sharding import PartitionSpec
 
 import shardsearch as ss
 from shardsearch.base.warnings import ShardsearchWarning
@@ -102,6 +105,55 @@ def test_studies_summaries_and_plan_files_record_the_stage_forms(tight_static):
         "estimate"}
     # The static objective times nothing, so its trials are never pruned while timing.
     assert isinstance(result.study.pruner, optuna.pruners.NopPruner)
+
+
+# --------------------------------------------------------------------------- compile options
+
+
+# Where the step was traced from, in an HLO text: the tables of Python frames
+# and each op's metadata (they differ with the caller when JAX traces again).
+_SOURCES = re.compile(r"^(?:FileNames|FunctionNames|FileLocations|StackFrames)\n(?:.+\n)*|"
+                      r", metadata=\{[^}]*\}", re.MULTILINE)
+
+
+def _read(executable):
+    """What the search reads of a compiled program: its optimized HLO, XLA's
+    memory analysis and its cost analysis."""
+    m = executable.memory_analysis()
+    memory = tuple(getattr(m, f) for f in ("argument_size_in_bytes", "output_size_in_bytes",
+                                             "alias_size_in_bytes", "temp_size_in_bytes"))
+    return _SOURCES.sub("", executable.as_text()), memory, executable.cost_analysis()
+
+
+def test_a_program_compiled_only_to_be_read_is_compiled_at_O0_and_reads_the_same(monkeypatch):
+    mesh = ss.create_mesh((2, 4), ("dp", "tp"))
+    workload = get_workload("gpt:tiny")
+    static, _ = make_context(workload, None, mesh, objective="static", quiet=True)
+    specs = baseline_candidates(workload, mesh)["fsdp"].specs(static.abstract_args)
+    asked = []
+    compile_ = type(jax.jit(lambda x: x).lower(1.0)).compile
+
+    def watched(lowered, compiler_options=None):
+        asked.append(compiler_options)
+        return compile_(lowered, compiler_options)
+
+    monkeypatch.setattr(type(jax.jit(lambda x: x).lower(1.0)), "compile", watched)
+    compiled, _seconds = _evaluate.compile_step(specs, static)
+    assert asked == [{"xla_backend_optimization_level": 0}]
+    # LLVM's level changes nothing the search reads (XLA:CPU's default is 2).
+    full = ss.create_monitored_function(
+        static.step, tuple(specs), static.analyzer, out_specs=(specs[0], PartitionSpec()),
+        donate_argnums=(0,), compiler_options={"xla_backend_optimization_level": 2})
+    full_executable, _ = full.compile(*static.abstract_args)
+    assert asked[-1] == {"xla_backend_optimization_level": 2}
+    assert _read(compiled.executable) == _read(full_executable)
+
+    # An objective that runs the step compiles at XLA's defaults, and so does
+    # a chip's compiler.
+    measured, _ = make_context(workload, None, mesh, objective="measured", quiet=True)
+    assert _evaluate.compiler_options(measured) is None
+    assert _evaluate.compiler_options(dataclasses.replace(static, target=object())) is None
+    assert _evaluate.compiler_options(static) == {"xla_backend_optimization_level": 0}
 
 
 # --------------------------------------------------------------------------- objectives

@@ -7,7 +7,7 @@ import itertools
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -81,6 +81,7 @@ def create_monitored_function(
     out_specs: Any = None,
     donate_argnums: tuple[int, ...] = (),
     compile_timeout: float | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> Callable[..., tuple[Any, dict[str, Any]]]:
     """Wraps `fn` so each call returns `(result, metrics)`.
 
@@ -100,7 +101,9 @@ def create_monitored_function(
 
     - `out_specs` (a spec tree for the result) and `donate_argnums` are given
       to `jax.jit`, so a train step can hand back its state with the input
-      sharding and reuse the donated buffers;
+      sharding and reuse the donated buffers; `compiler_options` (XLA debug
+      options by name, e.g. `{"xla_backend_optimization_level": 0}`) to
+      every compile, as `jax.stages.Lowered.compile` takes them;
     - `monitored.compile(*args)` compiles for the signature of `args`
       (arrays or ShapeDtypeStructs: nothing needs allocating) without running,
       and returns `(executable, seconds)`; later calls with that signature use
@@ -124,6 +127,8 @@ def create_monitored_function(
       `memory_usage` (the analyzer's estimate), `validation_issues` (list).
     """
     cache: dict[tuple[Any, ...], dict[str, Any]] = {}
+    # A copy: the caller's dict changed later does not change what compiled.
+    options = dict(compiler_options) if compiler_options else None
     donate = tuple(donate_argnums)
     if out_specs is not None or donate:
         # jit inside jit is inlined, so an already-jitted `fn` gets the options too.
@@ -198,7 +203,7 @@ def create_monitored_function(
                 for x, s in zip(leaves, placed, strict=True)])
         jitted = make_jitted(entry["mesh"])
         entry["compiled"], seconds = compile_within(
-            lambda: jitted.lower(*args).compile(), compile_timeout)
+            lambda: jitted.lower(*args).compile(options), compile_timeout)
         return seconds
 
     def monitored(*args: Any) -> tuple[Any, dict[str, Any]]:

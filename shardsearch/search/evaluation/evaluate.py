@@ -267,12 +267,34 @@ class CompiledStep:
         return self.executable.as_text()
 
 
+# What a program compiled for XLA:CPU only to be read is compiled with: LLVM
+# at -O0. LLVM runs after XLA's HLO passes and buffer assignment, so the
+# optimized HLO the cost model prices, the memory analysis the budget is
+# checked against and XLA's cost analysis are the same as at the default
+# level (compared in tests/test_stages_objectives.py), for 1.3-1.9x less
+# compile time on llama:7b and gpt:1.5b over 64 devices (docs/search.md).
+READ_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def compiler_options(ctx: Context) -> dict[str, Any] | None:
+    """XLA options for the context's compiles: `READ_ONLY_CPU_OPTIONS` when
+    the program is compiled for the simulated CPU devices by an objective
+    that never runs it ("static"), else None (XLA's defaults: a measured
+    step runs the code it times, and a chip's compiler has its own levels)."""
+    if ctx.objective.needs_host_args or ctx.target is not None:
+        return None
+    if ctx.mesh.devices.flat[0].platform != "cpu":
+        return None
+    return dict(READ_ONLY_CPU_OPTIONS)
+
+
 def monitored_step(specs: Sequence[Any], ctx: Context) -> Callable[..., Any]:
     """The step wrapped for timing as a training loop runs it: the state is
     donated and comes back with its input sharding, the metrics replicated."""
     return create_monitored_function(
         ctx.step, tuple(specs), ctx.analyzer, out_specs=(specs[0], PartitionSpec()),
-        donate_argnums=(0,), compile_timeout=ctx.compile_timeout)
+        donate_argnums=(0,), compile_timeout=ctx.compile_timeout,
+        compiler_options=compiler_options(ctx))
 
 
 def compile_step(specs: Sequence[Any], ctx: Context) -> tuple[CompiledStep, float]:
