@@ -271,7 +271,7 @@ class CompiledStep:
 # at -O0. LLVM runs after XLA's HLO passes and buffer assignment, so the
 # optimized HLO the cost model prices, the memory analysis the budget is
 # checked against and XLA's cost analysis are the same as at the default
-# level (compared in tests/test_stages_objectives.py), for 1.3-1.9x less
+# level (compared in tests/test_stages_objectives.py), for 1.3-1.8x less
 # compile time on llama:7b and gpt:1.5b over 64 devices (docs/search.md).
 READ_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
 
