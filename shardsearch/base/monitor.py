@@ -203,7 +203,8 @@ def create_monitored_function(
                 for x, s in zip(leaves, placed, strict=True)])
         jitted = make_jitted(entry["mesh"])
         entry["compiled"], seconds = compile_within(
-            lambda: jitted.lower(*args).compile(options), compile_timeout)
+            lambda: (jitted.lower(*args).compile(options) if options
+                     else jitted.lower(*args).compile()), compile_timeout)
         return seconds
 
     def monitored(*args: Any) -> tuple[Any, dict[str, Any]]:
