@@ -278,7 +278,7 @@ READ_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
 
 def compiler_options(ctx: Context) -> dict[str, Any] | None:
     """XLA options for the context's compiles: `READ_ONLY_CPU_OPTIONS` when
-    the program is compiled for the simulated CPU devices by an objective
+    the program is compiled for this host's CPU devices by an objective
     that never runs it ("static"), else None (XLA's defaults: a measured
     step runs the code it times, and a chip's compiler has its own levels)."""
     if ctx.objective.needs_host_args or ctx.target is not None:

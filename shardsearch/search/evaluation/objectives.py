@@ -65,6 +65,9 @@ class Objective:
     Attributes (class-level):
       name: what studies, study names and the command line call it.
       needs_host_args: it runs the step, so it needs concrete arguments.
+        One that does not only reads the compiled program, which on this
+        host's CPU devices is then compiled with LLVM at -O0
+        (`evaluate.compiler_options`).
       prunes_while_timing: its `score` calls `report` after each timed repeat
         and stops when told, so the study prunes with Optuna's Wilcoxon test.
       confirms: the finalists are re-timed interleaved at the end, and the
