@@ -118,11 +118,9 @@ _SOURCES = re.compile(r"^(?:FileNames|FunctionNames|FileLocations|StackFrames)\n
 
 def _read(executable):
     """What the search reads of a compiled program: its optimized HLO, XLA's
-    memory analysis and its cost analysis."""
-    m = executable.memory_analysis()
-    memory = tuple(getattr(m, f) for f in ("argument_size_in_bytes", "output_size_in_bytes",
-                                             "alias_size_in_bytes", "temp_size_in_bytes"))
-    return _SOURCES.sub("", executable.as_text()), memory, executable.cost_analysis()
+    memory analysis (as the compile stage reads it) and its cost analysis."""
+    return (_SOURCES.sub("", executable.as_text()), XlaMemory.from_compiled(executable),
+            executable.cost_analysis())
 
 
 def test_a_program_compiled_only_to_be_read_is_compiled_at_O0_and_reads_the_same(monkeypatch):
@@ -131,13 +129,13 @@ def test_a_program_compiled_only_to_be_read_is_compiled_at_O0_and_reads_the_same
     static, _ = make_context(workload, None, mesh, objective="static", quiet=True)
     specs = baseline_candidates(workload, mesh)["fsdp"].specs(static.abstract_args)
     asked = []
-    compile_ = type(jax.jit(lambda x: x).lower(1.0)).compile
+    compile_ = jax.stages.Lowered.compile
 
     def watched(lowered, compiler_options=None):
         asked.append(compiler_options)
         return compile_(lowered, compiler_options)
 
-    monkeypatch.setattr(type(jax.jit(lambda x: x).lower(1.0)), "compile", watched)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", watched)
     compiled, _seconds = _evaluate.compile_step(specs, static)
     assert asked == [{"xla_backend_optimization_level": 0}]
     # LLVM's level changes nothing the search reads (XLA:CPU's default is 2).
