@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import statistics
 import warnings
 from collections.abc import Callable, Sequence
@@ -274,18 +275,47 @@ class CompiledStep:
 # level (compared in tests/test_stages_objectives.py), for 1.3-1.8x less
 # compile time on llama:7b and gpt:1.5b over 64 devices (docs/search.md).
 READ_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
+# And, where XLA:CPU still has them (jaxlib before 0.11), its legacy fusion
+# emitters, which generate each fusion's code more cheaply than the default
+# ones. They form a few fusions differently, so the HLO text is not the
+# default's; on cpu-static64's 16 programs the memory analysis stayed within
+# 128 bytes of the default's and the `tpu` model's estimate within 0.13% of
+# it, for about 2x less compile time again
+# (benchmarks/results/compile-level/emitters-cpu-static64.md).
+LEGACY_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
+
+
+@functools.cache
+def _read_only_cpu_options() -> tuple[tuple[str, Any], ...]:
+    options = dict(READ_ONLY_CPU_OPTIONS)
+    if jax.__version_info__ < (0, 11) and _cpu_compiler_accepts(LEGACY_EMITTERS):
+        options.update(LEGACY_EMITTERS)
+    return tuple(options.items())
+
+
+def _cpu_compiler_accepts(options: dict[str, Any]) -> bool:
+    """Whether XLA:CPU compiles a one-op program with `options` (a jaxlib
+    whose XLA no longer knows an option refuses it with an error)."""
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    lowered = jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=cpu))
+    try:
+        lowered.compile(dict(options))
+    except Exception:  # any refusal means: compile without them
+        return False
+    return True
 
 
 def compiler_options(ctx: Context) -> dict[str, Any] | None:
-    """XLA options for the context's compiles: `READ_ONLY_CPU_OPTIONS` when
-    the program is compiled for this host's CPU devices by an objective
-    that never runs it ("static"), else None (XLA's defaults: a measured
-    step runs the code it times, and a chip's compiler has its own levels)."""
+    """XLA options for the context's compiles: `READ_ONLY_CPU_OPTIONS` (and
+    `LEGACY_EMITTERS` where this jaxlib has them) when the program is
+    compiled for this host's CPU devices by an objective that never runs it
+    ("static"), else None (XLA's defaults: a measured step runs the code it
+    times, and a chip's compiler has its own levels)."""
     if ctx.objective.needs_host_args or ctx.target is not None:
         return None
     if ctx.mesh.devices.flat[0].platform != "cpu":
         return None
-    return dict(READ_ONLY_CPU_OPTIONS)
+    return dict(_read_only_cpu_options())
 
 
 def monitored_step(specs: Sequence[Any], ctx: Context) -> Callable[..., Any]:

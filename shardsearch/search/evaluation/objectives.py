@@ -66,7 +66,8 @@ class Objective:
       name: what studies, study names and the command line call it.
       needs_host_args: it runs the step, so it needs concrete arguments.
         One that does not only reads the compiled program, which on this
-        host's CPU devices is then compiled with LLVM at -O0
+        host's CPU devices is then compiled with LLVM at -O0 and, where
+        jaxlib has them, XLA:CPU's legacy fusion emitters
         (`evaluate.compiler_options`).
       prunes_while_timing: its `score` calls `report` after each timed repeat
         and stops when told, so the study prunes with Optuna's Wilcoxon test.
