@@ -176,6 +176,41 @@ def test_a_program_compiled_only_to_be_read_is_compiled_cheaply_and_reads_the_sa
     assert _evaluate.compiler_options(dataclasses.replace(static, target=object())) is None
 
 
+def test_a_candidate_whose_cheap_compile_fails_is_compiled_at_xla_defaults(monkeypatch):
+    mesh = ss.create_mesh((2, 4), ("dp", "tp"))
+    workload = get_workload("gpt:tiny")
+    static, _ = make_context(workload, None, mesh, objective="static", quiet=True)
+    specs = baseline_candidates(workload, mesh)["dp"].specs(static.abstract_args)
+    asked = []
+    compile_ = jax.stages.Lowered.compile
+
+    def refusing(lowered, compiler_options=None):
+        asked.append(compiler_options)
+        if compiler_options:
+            raise RuntimeError("INTERNAL: the cheap emitters cannot do this")
+        return compile_(lowered, compiler_options)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", refusing)
+    with pytest.warns(ShardsearchWarning, match=r"read-only options .* failed \(RuntimeError: "
+                                                r"INTERNAL: the cheap emitters.*compiled again"):
+        compiled, seconds = _evaluate.compile_step(specs, static)
+    assert asked == [_evaluate.compiler_options(static), None]
+    assert compiled.memory_analysis().argument_size_in_bytes > 0 and seconds > 0
+
+    # A measured context asks for no options, so its compile errors are its own.
+    measured, _ = make_context(workload, None, mesh, objective="measured", quiet=True)
+    asked.clear()
+
+    def broken(lowered, compiler_options=None):
+        asked.append(compiler_options)
+        raise RuntimeError("INTERNAL: broken")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", broken)
+    with pytest.raises(RuntimeError, match="broken"):
+        _evaluate.compile_step(specs, measured)
+    assert asked == [None]
+
+
 def test_an_option_the_cpu_compiler_refuses_is_not_asked_for():
     assert _evaluate._cpu_compiler_accepts({"xla_backend_optimization_level": 0})
     assert not _evaluate._cpu_compiler_accepts({"xla_cpu_no_such_option": False})

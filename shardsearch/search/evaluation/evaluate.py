@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import functools
 import statistics
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -318,23 +319,43 @@ def compiler_options(ctx: Context) -> dict[str, Any] | None:
     return dict(_read_only_cpu_options())
 
 
-def monitored_step(specs: Sequence[Any], ctx: Context) -> Callable[..., Any]:
+def monitored_step(specs: Sequence[Any], ctx: Context, cheap: bool = True
+                   ) -> Callable[..., Any]:
     """The step wrapped for timing as a training loop runs it: the state is
-    donated and comes back with its input sharding, the metrics replicated."""
+    donated and comes back with its input sharding, the metrics replicated.
+    `cheap=False` compiles at XLA's defaults whatever `compiler_options` says."""
     return create_monitored_function(
         ctx.step, tuple(specs), ctx.analyzer, out_specs=(specs[0], PartitionSpec()),
         donate_argnums=(0,), compile_timeout=ctx.compile_timeout,
-        compiler_options=compiler_options(ctx))
+        compiler_options=compiler_options(ctx) if cheap else None)
 
 
 def compile_step(specs: Sequence[Any], ctx: Context) -> tuple[CompiledStep, float]:
     """Lowers and compiles the step on the abstract arguments (nothing is
-    allocated); raises TimeoutError past `ctx.compile_timeout`."""
+    allocated); raises TimeoutError past `ctx.compile_timeout`.
+
+    A compile with the read-only options (`compiler_options`) that raises is
+    made again at XLA's defaults, with a `ShardsearchWarning`, so that a
+    failure of those options alone never fails a candidate; the seconds
+    returned are both compiles'."""
     progress(ctx, "compiling")
     monitored = monitored_step(specs, ctx)
+    start = time.perf_counter()
     try:
         with uncached() if ctx.target is not None else contextlib.nullcontext():
-            executable, seconds = monitored.compile(*ctx.abstract_args)
+            try:
+                executable, seconds = monitored.compile(*ctx.abstract_args)
+            except Exception as err:
+                options = compiler_options(ctx)
+                if options is None or isinstance(err, TimeoutError):
+                    raise
+                warnings.warn(
+                    f"shardsearch: a compile with the read-only options {options} failed "
+                    f"({error_line(err)}); this candidate is compiled again at XLA's "
+                    "defaults", ShardsearchWarning, stacklevel=2)
+                monitored = monitored_step(specs, ctx, cheap=False)
+                executable, _ = monitored.compile(*ctx.abstract_args)
+                seconds = time.perf_counter() - start
     finally:
         ctx.count_compiles()
         if (ctx.root or ctx).compiles % CLEAR_CACHES_EVERY == 0:
