@@ -30,15 +30,21 @@ machine.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import DEVICES, PAIRS, read
+from run import (
+    DEVICES,
+    command_line,
+    compile_once,
+    expert_programs,
+    parse_args,
+    read,
+    report_round,
+    write,
+)
 
 DEFAULTS = {"xla_backend_optimization_level": 2}  # XLA:CPU's own, as run.py spells them
 CONFIGS = {"O0": {"xla_backend_optimization_level": 0},
@@ -48,42 +54,18 @@ HARDWARE = "tpu"  # the model cpu-static64 estimates with
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, required=True, help="the results table (.md)")
-    args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds {args.rounds}: give at least 1")
+    args = parse_args(argv, __doc__.splitlines()[0])
+    programs = expert_programs()
 
     import jax
 
-    jax.config.update("jax_num_cpu_devices", DEVICES)
-    jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_enable_compilation_cache", False)
-    from jax.sharding import PartitionSpec
-
     import shardsearch as ss
-    from shardsearch.search import ProgramCost, make_context, median_ci
-    from shardsearch.workloads import expert_plans, get_workload
+    from shardsearch.search import ProgramCost, median_ci
 
     model = ss.HARDWARE[HARDWARE]
-    programs = []  # (label, ctx, specs)
-    for name, mesh_text in PAIRS:
-        mesh = ss.create_mesh(*ss.parse_mesh(mesh_text))
-        workload = get_workload(name)
-        ctx, _ = make_context(workload, None, mesh, objective="static", quiet=True)
-        for plan_name, plan in expert_plans(workload, mesh).plans.items():
-            programs.append((f"{name} {mesh_text} {plan_name}", ctx,
-                             plan.specs(ctx.abstract_args, mesh)))
 
-    def compile_once(ctx, specs, options):
-        monitored = ss.create_monitored_function(
-            ctx.step, tuple(specs), ctx.analyzer, out_specs=(specs[0], PartitionSpec()),
-            donate_argnums=(0,), compiler_options=options)
-        jax.clear_caches()
-        start = time.perf_counter()
-        executable, _ = monitored.compile(*ctx.abstract_args)
-        took = time.perf_counter() - start
+    def measure(ctx, specs, options):
+        took, executable = compile_once(ctx, specs, options)
         return took, read(executable), model.estimate(ProgramCost.from_compiled(executable))
 
     # Round 0: the reference, one untimed compile of each program at XLA's
@@ -99,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         order = [None] if r == 0 else list(CONFIGS) if r % 2 else list(CONFIGS)[::-1]
         for label, ctx, specs in programs:
             for key in order:
-                took, seen, estimate = compile_once(ctx, specs, CONFIGS.get(key, DEFAULTS))
+                took, seen, estimate = measure(ctx, specs, CONFIGS.get(key, DEFAULTS))
                 if r == 0:
                     reference[label] = (seen, estimate)
                     continue
@@ -111,12 +93,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                  strict=True)))
                 row[2] = max(row[2], abs(estimate - base[1]) / base[1])
             if r:
-                print(f"round {r}/{args.rounds} {label}: "
-                      + ", ".join(f"{k} {seconds[label][k][-1]:.2f} s" for k in CONFIGS),
-                      file=sys.stderr, flush=True)
+                report_round(r, args.rounds, label, seconds[label])
 
-    command = "python benchmarks/compile-level/emitters.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
+    command = command_line("emitters.py", argv)
     lines = [
         "# XLA:CPU's fusion emitters for programs compiled only to be read: "
         "cpu-static64's expert plans", "", f"Command: `{command}`", "",
@@ -156,12 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                   "Largest differences from XLA's defaults: "
               + "; ".join(f"{k} {m} bytes, estimate {e:.1e}" for k, (m, e) in worst.items())
               + ".", ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"command": command, "jax": jax.__version__, "rounds": args.rounds,
-         "seconds": seconds, "agree": agree}, indent=1) + "\n")
-    print("\n".join(lines))
+    write(args, lines, {"command": command, "jax": jax.__version__, "rounds": args.rounds,
+                        "seconds": seconds, "agree": agree})
     return 0
 
 

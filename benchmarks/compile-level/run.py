@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 PAIRS = (("llama:7b", "dp=8,tp=8"), ("llama:7b", "dp=16,tp=4"),
          ("gpt:1.5b", "dp=8,tp=8"), ("gpt:1.5b", "dp=16,tp=4"))
@@ -54,26 +55,32 @@ def read(executable) -> tuple:
             tuple(sorted((k, float(v)) for k, v in (cost or {}).items())))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+    """`--rounds` and `--out`, as this script and `emitters.py` take them."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True, help="the results table (.md)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: give at least 1")
+    return args
 
+
+def expert_programs() -> list[tuple[str, Any, Any]]:
+    """JAX set up for `DEVICES` simulated CPU devices, its persistent cache
+    off, and `(label, static context, specs)` for every expert plan that
+    applies to each of `PAIRS`."""
     import jax
 
     jax.config.update("jax_num_cpu_devices", DEVICES)
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_enable_compilation_cache", False)
-    from jax.sharding import PartitionSpec
 
     import shardsearch as ss
-    from shardsearch.search import make_context, median_ci
+    from shardsearch.search import make_context
     from shardsearch.workloads import expert_plans, get_workload
 
-    programs = []  # (label, ctx, specs)
+    programs = []
     for name, mesh_text in PAIRS:
         mesh = ss.create_mesh(*ss.parse_mesh(mesh_text))
         workload = get_workload(name)
@@ -81,15 +88,57 @@ def main(argv: list[str] | None = None) -> int:
         for plan_name, plan in expert_plans(workload, mesh).plans.items():
             programs.append((f"{name} {mesh_text} {plan_name}", ctx,
                              plan.specs(ctx.abstract_args, mesh)))
+    return programs
 
-    def compile_once(ctx, specs, level: int):
-        monitored = ss.create_monitored_function(
-            ctx.step, tuple(specs), ctx.analyzer, out_specs=(specs[0], PartitionSpec()),
-            donate_argnums=(0,), compiler_options={"xla_backend_optimization_level": level})
-        jax.clear_caches()
-        start = time.perf_counter()
-        executable, _ = monitored.compile(*ctx.abstract_args)
-        return time.perf_counter() - start, read(executable)
+
+def compile_once(ctx: Any, specs: Any, options: dict[str, Any]) -> tuple[float, Any]:
+    """`(seconds, executable)`: the step compiled through the search's own
+    wrapper with XLA `options`, JAX's in-memory caches cleared first. The
+    one line every compile of both scripts is made by (the HLO text names
+    the Python frames that traced the step)."""
+    import jax
+    from jax.sharding import PartitionSpec
+
+    import shardsearch as ss
+
+    monitored = ss.create_monitored_function(
+        ctx.step, tuple(specs), ctx.analyzer, out_specs=(specs[0], PartitionSpec()),
+        donate_argnums=(0,), compiler_options=options)
+    jax.clear_caches()
+    start = time.perf_counter()
+    executable, _ = monitored.compile(*ctx.abstract_args)
+    return time.perf_counter() - start, executable
+
+
+def report_round(r: int, rounds: int, label: str, seconds: dict[str, list[float]]) -> None:
+    """One progress line on stderr: the round's seconds per configuration."""
+    print(f"round {r}/{rounds} {label}: "
+          + ", ".join(f"{k} {s[-1]:.2f} s" for k, s in seconds.items()),
+          file=sys.stderr, flush=True)
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command that made a results file, as the file names it."""
+    return f"python benchmarks/compile-level/{script} " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+
+
+def write(args: argparse.Namespace, lines: list[str], record: dict[str, Any]) -> None:
+    """The table to `--out` (and stdout), the compiles' record beside it as
+    `<out>.json`."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines))
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__.splitlines()[0])
+    programs = expert_programs()
+
+    import jax
+
+    from shardsearch.search import median_ci
 
     # Round 0 is the reference: one untimed compile of each plan at level 2
     # (it also warms up what a first compile pays once per process). It is
@@ -102,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         order = ["O2"] if r == 0 else list(LEVELS) if r % 2 else list(LEVELS)[::-1]
         for label, ctx, specs in programs:
             for key in order:
-                took, seen = compile_once(ctx, specs, LEVELS[key])
+                took, executable = compile_once(
+                    ctx, specs, {"xla_backend_optimization_level": LEVELS[key]})
+                seen = read(executable)
                 if r == 0:
                     reference[label] = seen
                     continue
@@ -110,12 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                 if seen != reference[label]:
                     differs[label].append(f"round {r} {key}")
             if r:
-                print(f"round {r}/{args.rounds} {label}: "
-                      + ", ".join(f"{k} {seconds[label][k][-1]:.2f} s" for k in LEVELS),
-                      file=sys.stderr, flush=True)
+                report_round(r, args.rounds, label, seconds[label])
 
-    command = "python benchmarks/compile-level/run.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
+    command = command_line("run.py", argv)
     lines = [
         "# LLVM's level for programs compiled only to be read: cpu-static64's expert plans",
         "", f"Command: `{command}`", "",
@@ -144,12 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"Sum of the medians: O2 {totals['O2']:.1f} s, O0 {totals['O0']:.1f} s "
                   f"({totals['O2'] / totals['O0']:.2f}x). Identical reads: {same} of "
                   f"{len(programs)} programs.", ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"command": command, "jax": jax.__version__, "rounds": args.rounds,
-         "seconds": seconds, "differs": differs}, indent=1) + "\n")
-    print("\n".join(lines))
+    write(args, lines, {"command": command, "jax": jax.__version__, "rounds": args.rounds,
+                        "seconds": seconds, "differs": differs})
     return 0 if same == len(programs) else 1
 
 
