@@ -8,6 +8,9 @@ and prints, one JSON line per plan, the compiler's peak memory and the v5p
 model's estimate of the chip's program:
 
     python benchmarks/cpu-static256/target_check.py llama-70b-dp32-tp8 dp=32,tp=8 winner fsdp_tp
+
+`check` does the same for another suite's entries, chip and workload
+(`benchmarks/cpu-static64/target_check.py`).
 """
 
 import json
@@ -26,13 +29,20 @@ from shardsearch.workloads import expert_plan, get_workload  # noqa: E402
 
 
 def main(entry: str, mesh_text: str, labels: list[str]) -> None:
+    check("cpu-static256", "llama:70b", "tpu-v5p", entry, mesh_text, labels)
+
+
+def check(suite: str, workload_name: str, chip: str, entry: str, mesh_text: str,
+          labels: list[str]) -> None:
+    """One JSON line per plan of `labels` ("winner": `rules/<suite>/<entry>.json`;
+    else an expert plan's name), compiled for `chip` on the entry's mesh."""
     sizes, names = ss.parse_mesh(mesh_text)
     dims = dict(zip(names, sizes, strict=True))
-    workload = get_workload("llama:70b")
+    workload = get_workload(workload_name)
     args = workload.abstract()
-    mesh = ss.target_mesh("tpu-v5p", dims)
-    plan = ss.load_plan(f"rules/cpu-static256/{entry}.json", mesh)
-    model = ss.HARDWARE["tpu-v5p"]
+    mesh = ss.target_mesh(chip, dims)
+    plan = ss.load_plan(f"rules/{suite}/{entry}.json", mesh)
+    model = ss.HARDWARE[chip]
     for label in labels:
         specs = (plan.apply(args) if label == "winner"
                  else expert_plan(workload, mesh, label).specs(args, mesh))
