@@ -297,7 +297,7 @@ def _read_only_cpu_options() -> tuple[tuple[str, Any], ...]:
 def _cpu_compiler_accepts(options: dict[str, Any]) -> bool:
     """Whether XLA:CPU compiles a one-op program with `options` (a jaxlib
     whose XLA no longer knows an option refuses it with an error)."""
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
     lowered = jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=cpu))
     try:
         lowered.compile(dict(options))
