@@ -300,7 +300,7 @@ def _cpu_compiler_accepts(options: dict[str, Any]) -> bool:
     cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
     lowered = jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=cpu))
     try:
-        lowered.compile(dict(options))
+        lowered.compile(options)
     except Exception:  # any refusal means: compile without them
         return False
     return True
@@ -319,15 +319,14 @@ def compiler_options(ctx: Context) -> dict[str, Any] | None:
     return dict(_read_only_cpu_options())
 
 
-def monitored_step(specs: Sequence[Any], ctx: Context, cheap: bool = True
-                   ) -> Callable[..., Any]:
+def monitored_step(specs: Sequence[Any], ctx: Context,
+                   options: dict[str, Any] | None) -> Callable[..., Any]:
     """The step wrapped for timing as a training loop runs it: the state is
-    donated and comes back with its input sharding, the metrics replicated.
-    `cheap=False` compiles at XLA's defaults whatever `compiler_options` says."""
+    donated and comes back with its input sharding, the metrics replicated;
+    compiled with XLA `options` (None: XLA's defaults)."""
     return create_monitored_function(
         ctx.step, tuple(specs), ctx.analyzer, out_specs=(specs[0], PartitionSpec()),
-        donate_argnums=(0,), compile_timeout=ctx.compile_timeout,
-        compiler_options=compiler_options(ctx) if cheap else None)
+        donate_argnums=(0,), compile_timeout=ctx.compile_timeout, compiler_options=options)
 
 
 def compile_step(specs: Sequence[Any], ctx: Context) -> tuple[CompiledStep, float]:
@@ -339,21 +338,21 @@ def compile_step(specs: Sequence[Any], ctx: Context) -> tuple[CompiledStep, floa
     failure of those options alone never fails a candidate; the seconds
     returned are both compiles'."""
     progress(ctx, "compiling")
-    monitored = monitored_step(specs, ctx)
+    options = compiler_options(ctx)
+    monitored = monitored_step(specs, ctx, options)
     start = time.perf_counter()
     try:
         with uncached() if ctx.target is not None else contextlib.nullcontext():
             try:
                 executable, seconds = monitored.compile(*ctx.abstract_args)
             except Exception as err:
-                options = compiler_options(ctx)
                 if options is None or isinstance(err, TimeoutError):
                     raise
                 warnings.warn(
                     f"shardsearch: a compile with the read-only options {options} failed "
                     f"({error_line(err)}); this candidate is compiled again at XLA's "
                     "defaults", ShardsearchWarning, stacklevel=2)
-                monitored = monitored_step(specs, ctx, cheap=False)
+                monitored = monitored_step(specs, ctx, None)
                 executable, _ = monitored.compile(*ctx.abstract_args)
                 seconds = time.perf_counter() - start
     finally:
