@@ -211,9 +211,19 @@ def test_a_candidate_whose_cheap_compile_fails_is_compiled_at_xla_defaults(monke
     assert asked == [None]
 
 
-def test_an_option_the_cpu_compiler_refuses_is_not_asked_for():
+def test_an_option_the_cpu_compiler_refuses_is_not_asked_for(monkeypatch):
     assert _evaluate._cpu_compiler_accepts({"xla_backend_optimization_level": 0})
     assert not _evaluate._cpu_compiler_accepts({"xla_cpu_no_such_option": False})
+    if jax.__version_info__ >= (0, 11):
+        return
+    # Refused, the legacy emitters are left out, with a warning, once per process.
+    monkeypatch.setattr(_evaluate, "_cpu_compiler_accepts", lambda options: False)
+    _evaluate._read_only_cpu_options.cache_clear()
+    try:
+        with pytest.warns(ShardsearchWarning, match="refused.*default fusion emitters"):
+            assert _evaluate._read_only_cpu_options() == (("xla_backend_optimization_level", 0),)
+    finally:
+        _evaluate._read_only_cpu_options.cache_clear()
 
 
 # --------------------------------------------------------------------------- objectives
