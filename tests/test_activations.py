@@ -374,3 +374,80 @@ def test_an_activation_may_follow_the_logical_assignment_of_its_name(mesh24):
     # A space without the logical family offers no such value.
     rules_only = make_space(mesh24, ctx.abstract_args[0], space="rules", knobs=ctx.knobs)
     assert all("logical" not in p.values() for p in rules_only.params())
+
+
+# ---------------------------------------------------------------- expert plans pin the batch
+
+
+def _gpt_odd_vocab():
+    """A GPT whose vocabulary no mesh axis divides: FSDP splits its embedding
+    table's d_model dim over the axes that split the tokens' batch."""
+    from shardsearch.workloads._gpt import GPTConfig
+    from shardsearch.workloads._gpt import build as build_gpt
+
+    return build_gpt("gpt:odd", GPTConfig(batch=8, seq=32, vocab=250, d_model=64, n_layers=1,
+                                          n_heads=4, d_ff=128))
+
+
+def test_the_expert_plans_pin_the_batch_of_the_activations_to_its_split(mesh24):
+    from shardsearch.search.space.baselines import pin_batch
+
+    workload = _gpt_odd_vocab()
+    ctx, _ = make_context(workload, None, mesh24, objective="static")
+    args = ctx.abstract_args
+    assert ctx.knobs is None and "act_batch" in ctx.builds.choices
+    baselines = pin_batch(baseline_candidates(workload, mesh24), ctx.builds, ctx.knobs, args,
+                          axis_sizes(mesh24))
+    assert {label: c.knobs for label, c in baselines.items()} == {
+        "replicated": (), "default": (),  # no expert's plan
+        "dp": (("act_batch", "dp,tp"),), "fsdp": (("act_batch", "dp,tp"),),
+        "megatron": (("act_batch", "dp"),), "fsdp_tp": (("act_batch", "dp"),)}
+    # What the pin is for: at the embedding lookup XLA gives the axes the table
+    # and the tokens both ask for to the table, and without the pin the
+    # activations after it hold the whole batch on every device.
+    fsdp = baselines["fsdp"]
+    specs, fp = resolve(fsdp, ctx)
+    pinned = evaluate(specs, fp, ctx.with_setting(fsdp.knobs), run=False)
+    loose = evaluate(specs, _fingerprint(specs), ctx, run=False)
+    assert pinned.memory["total"] < 0.7 * loose.memory["total"], (pinned.memory, loose.memory)
+    # A search that chooses knobs but not act_batch cannot carry the pin
+    # through its knob rounds: the plans stay as their specs place them.
+    ctx, _ = make_context(workload, None, mesh24, objective="static", knobs=("remat",))
+    kept = pin_batch(baseline_candidates(workload, mesh24), ctx.builds, ctx.knobs, args,
+                     axis_sizes(mesh24))
+    assert all(c.knobs == () for c in kept.values())
+    ctx, _ = make_context(workload, None, mesh24, objective="static", knobs=("act_batch",))
+    chosen = pin_batch(baseline_candidates(workload, mesh24), ctx.builds, ctx.knobs, args,
+                       axis_sizes(mesh24))
+    assert chosen["fsdp"].knobs == (("act_batch", "dp,tp"),)
+
+
+def _fingerprint(specs):
+    from shardsearch.search import fingerprint
+
+    return fingerprint(specs)
+
+
+def test_a_pinned_expert_wins_exports_and_starts_a_search_with_its_pin(mesh24, tmp_path):
+    """A search that chooses no knob still runs the experts pinned; the plan
+    file of a pinned winner keeps the pin, and a search started from it runs
+    it, with no warning that it was dropped."""
+    workload = _gpt_odd_vocab()
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    result = ss.optimize(workload, mesh=mesh24, objective="static", n_trials=4, quiet=True,
+                         storage=storage, isolate=False, seed=0)
+    ran = {r.label: r.knobs for r in result.trials}
+    assert ran["fsdp"] == (("act_batch", "dp,tp"),) and ran["replicated"] == ()
+    fsdp = next(r for r in result.trials if r.label == "fsdp")
+    path = tmp_path / "fsdp.json"
+    ss.write_config(ss.export_config(result, workload=workload, trial=fsdp.number), path)
+    assert json.loads(path.read_text())["knobs"] == {"act_batch": "dp,tp"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShardsearchWarning)
+        # Replicated (the reference) first, then the start plan.
+        again = ss.optimize(workload, mesh=mesh24, objective="static", n_trials=2, quiet=True,
+                            storage=storage, study_name="again", isolate=False, seed=0,
+                            start_from=[path])
+    start = next(r for r in again.trials if r.label == "plan:fsdp")
+    assert start.knobs == (("act_batch", "dp,tp"),)
+    assert start.outcome.fingerprint == fsdp.outcome.fingerprint

@@ -290,7 +290,8 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
     known = {r.outcome.fingerprint: r.outcome for r in result.trials
              if r.outcome.fingerprint and not r.outcome.cache_hit}
     # A winner with knobs off their defaults is timed with the step they build.
-    setting = ctx.knobs.setting(result.best_knobs) if ctx.knobs is not None else ()
+    setting = (ctx.builds.setting(result.best_knobs)
+               if ctx.builds is not None and result.best_knobs else ())
     win_fp = _evaluate.fingerprint(result.best_specs, setting)
     win_trial = min((r.number for r in result.trials
                      if r.outcome.fingerprint == win_fp and r.outcome.status == COMPLETE),
@@ -317,7 +318,13 @@ def run_entry(suite: Suite, entry: Entry, folder: Path, rules_dir: Path, *,
         role = (label if label in ("replicated", "default")
                 else "expert" if label in hand_written or label == published_label
                 else "derived")
-        plans.append(plan_row(label, role, specs, ctx, known, invalid=fp))
+        # An expert plan with the batch of its activations pinned runs the
+        # step built for that (`space.baselines.pin_batch`).
+        own = ctx.with_setting(candidate.knobs)
+        plans.append(plan_row(label, role, specs, own, known, invalid=fp,
+                              knobs=candidate.knobs))
+        if candidate.knobs:
+            plans[-1]["context"], plans[-1]["knobs"] = own, dict(candidate.knobs)
     one_ctx = None
     objective = get_objective(entry.objective)
     if suite.simulated and objective.needs_host_args:
@@ -393,17 +400,19 @@ def _differs(plans: Sequence[dict[str, Any]], ctx: Any,
     if best is None:
         return None
     return _changes(ctx.abstract_args, plans[0]["specs"], setting, best["label"], best["specs"],
-                    ctx.knobs.defaults if ctx.knobs is not None else {})
+                    ctx.builds.defaults if ctx.builds is not None else {},
+                    tuple((best.get("knobs") or {}).items()))
 
 
 def _changes(args: Sequence[Any], specs: Any, setting: tuple[tuple[str, Any], ...],
-             reference: str, reference_specs: Any, defaults: Mapping[str, Any]
-             ) -> dict[str, Any]:
+             reference: str, reference_specs: Any, defaults: Mapping[str, Any],
+             reference_setting: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
     """A winner row's `differs`: the reference's label and the dimensions the
-    winner changes against it (the reference runs at the knobs' defaults)."""
+    winner changes against it (the reference runs at `reference_setting`,
+    the knobs' defaults otherwise)."""
     return {"reference": reference,
-            "dimensions": plan_differences(args, specs, reference_specs, setting, (),
-                                           defaults=defaults)}
+            "dimensions": plan_differences(args, specs, reference_specs, setting,
+                                           reference_setting, defaults=defaults)}
 
 
 def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."),
@@ -451,7 +460,7 @@ def record_differences(suite: Suite, folder: Path, rules_root: Path = Path("."),
                 continue
             reference = baseline_candidates(workload, mesh)[best["label"]].specs(args)
             winner["differs"] = _changes(args, specs, setting, best["label"], reference,
-                                         defaults)
+                                         defaults, tuple((best.get("knobs") or {}).items()))
         _write_json(path, record)
         changed.append(path.name)
     return changed, skipped

@@ -4,7 +4,8 @@ Users need only `shardsearch` (optimize, plans, rules); this front names what
 is behind it, laid out by job (docs/architecture.md):
 
 - `space/`: what one trial tries: `Candidate`, `SearchSpace`, `make_space`,
-  the warm-start `baseline_plans` / `baseline_candidates`, and
+  the warm-start `baseline_plans` / `baseline_candidates`, `pin_batch`
+  (the expert plans with their activations' batch pinned), and
   `plan_differences` (the dimensions two plans differ in).
 - `evaluation/`: judging one candidate: `Stage`, `Status`, `Outcome`,
   `fingerprint`, `Context`, `resolve`, `evaluate`, `Objective` and the
@@ -76,6 +77,7 @@ from .shapes import ShapeWarning as ShapeWarning
 from .space.baselines import baseline_candidates as baseline_candidates
 from .space.baselines import baseline_plans as baseline_plans
 from .space.baselines import make_space as make_space
+from .space.baselines import pin_batch as pin_batch
 from .space.candidate import Candidate as Candidate
 from .space.differences import plan_differences as plan_differences
 from .space.searchspace import SearchSpace as SearchSpace
@@ -125,6 +127,7 @@ __all__ = [
     "optimize",
     "parse_bytes",
     "parse_hlo",
+    "pin_batch",
     "plan_config",
     "plan_differences",
     "predict_footprint",

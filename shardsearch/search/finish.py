@@ -151,7 +151,8 @@ def finish(
         study=study, objective=ctx.objective.name, budget=ctx.budget,
         mesh_axes=_mesh.axis_sizes(mesh), compiles=ctx.compiles,
         best_memory=winner.outcome.memory.get("total"), setup=setup,
-        best_knobs=ctx.knobs.values(winner.knobs) if ctx.knobs is not None else {})
+        best_knobs=(ctx.knobs.values(winner.knobs) if ctx.knobs is not None
+                    else dict(winner.knobs)))
 
 
 def estimated_winner(best: TrialRecord, baseline: TrialRecord | None) -> TrialRecord:

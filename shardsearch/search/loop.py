@@ -209,7 +209,8 @@ def optimize(
     ctx, workload = make_context(step, args, mesh, settings)
     # A bad file fails before anything runs; a start plan takes the knobs it sets
     # that this search varies.
-    starts = start_candidates(settings.start_from, mesh, ctx.knobs,
+    starts = start_candidates(settings.start_from, mesh,
+                              ctx.knobs if ctx.knobs is not None else ctx.builds,
                               [n for names in ctx.flax_points for n in names if isinstance(n, str)])
     if lockstep is not None:
         # Process 0 runs the search; the others run its jobs until it ends.

@@ -60,7 +60,8 @@ class OptimizeResult:
         for a search on one mesh.
       best_knobs: every knob of the step and its value in the winner
         (`base.knobs.Knobs.values`: the defaults filled in), when the search
-        chose the step's knobs; `{}` otherwise.
+        chose the step's knobs; otherwise the knobs the winner sets (an
+        expert plan's `act_batch`, `space.baselines.pin_batch`), or `{}`.
       setup: the study's `StudySetup` (its context, space, baselines and
         replicated reference), so that a benchmark or an export reuses them
         rather than tracing the step again; None for a result rebuilt

@@ -39,7 +39,7 @@ from .evaluation.context import EXECUTE_TIMEOUT, Context
 from .evaluation.objectives import OBJECTIVES, Objective, get_objective
 from .execution.distributed import Distributed
 from .execution.inprocess import InProcess
-from .space.baselines import baseline_candidates, make_space
+from .space.baselines import baseline_candidates, make_space, pin_batch
 from .space.candidate import Candidate
 from .space.logical import SPACES, group_choices
 from .space.searchspace import SearchSpace
@@ -228,7 +228,8 @@ def prepare(ctx: Context, workload: Workload | None, settings: SearchSettings,
     space = make_space(mesh, abstract_args[0], ctx.budget, settings.extra_rules,
                        space=settings.space, step=ctx.step, args=abstract_args,
                        knobs=ctx.knobs)
-    baselines = baseline_candidates(workload, mesh, abstract_args, space.logical)
+    baselines = pin_batch(baseline_candidates(workload, mesh, abstract_args, space.logical),
+                          ctx.builds, ctx.knobs, abstract_args, _mesh.axis_sizes(mesh))
     reference = _evaluate.resolve(baselines["replicated"], ctx)[0]
     label = workload.name if workload is not None else getattr(ctx.step, "__name__", "step")
     name = settings.study_name or (
@@ -403,9 +404,11 @@ def make_context(
             f"optimize: the step cannot be traced with these arguments: "
             f"{type(err).__name__}: {err}") from None
     dcn_axes = _check_dcn_axes(settings.dcn_axes or (target.dcn_axes if target else ()), mesh)
-    offered = _activation_choices(found, mesh) if _wants_activations(settings.knobs) else {}
+    points = _activation_choices(found, mesh)
+    offered = points if _wants_activations(settings.knobs) else {}
     if _wants_activations(settings.knobs):
         _say_unoffered(found, offered, settings.knobs, mesh)
+    own = declared
     if offered:
         declared = _activations.with_activation_knobs(declared, step, offered,
                                                       tuple(_mesh.axis_sizes(mesh).items()))
@@ -414,11 +417,13 @@ def make_context(
         declared = declared.narrowed(GRAD_GROUPS, lambda v: v in groups)
     knobs = searched_knobs(declared, settings.knobs, by_default,
                            places_points=bool(found) and _wants_activations(settings.knobs))
+    builds = buildable(knobs, own, step, points, mesh)
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
                   verbose=settings.verbose, dcn_axes=dcn_axes, target=target,
-                  knobs=knobs, steps=knobs.step if knobs is not None else None,
+                  knobs=knobs, builds=builds,
+                  steps=builds.step if builds is not None else None,
                   flax_points=tuple(names for names, whole in named.items() if whole),
                   memory_prediction=settings.memory_prediction)
     if scorer.uses_hardware:
@@ -482,6 +487,29 @@ def searched_knobs(declared: Knobs | None, chosen: bool | tuple[str, ...] | None
     except ValueError as err:
         raise ValueError(f"optimize: {err}") from None
     return knobs if knobs.searched() else None
+
+
+def buildable(knobs: Knobs | None, own: Knobs | None, step: Callable[..., Any],
+              points: Mapping[str, tuple[str, ...]], mesh: jax.sharding.Mesh
+              ) -> Knobs | None:
+    """Every knob setting a study builds steps for (`Context.builds`): the
+    knobs it searches (`knobs`), every other one of the step's `own` knobs at
+    its default, and the activation knobs of its named points (`points`,
+    `act_<name>` -> values) with all their values, searched or not: an expert
+    plan pins the batch dim of the activations to the batch's axes as its
+    authors write it (`space.baselines.pin_batch`). None when the step has
+    neither knobs searched nor points.
+    """
+    if knobs is None and not points:
+        return None
+    full = own
+    if points:
+        full = _activations.with_activation_knobs(own, step, points,
+                                                  tuple(_mesh.axis_sizes(mesh).items()))
+    groups = group_sizes(mesh)
+    full = full.narrowed(GRAD_GROUPS, lambda v: v in groups)
+    searched = set(knobs.searched()) if knobs is not None else set()
+    return full.only([n for n in full.choices if n in searched or n in points])
 
 
 def group_sizes(mesh: jax.sharding.Mesh) -> frozenset[int]:

@@ -68,9 +68,14 @@ class Context:
         verdict on memory is final.
       knobs: the step's knobs (`base.knobs.Knobs`) the search chooses, or
         None. In the study process only: a worker gets steps, not factories.
-      steps: gives the step for a knob setting (`with_setting`): `knobs.step`
+      builds: every knob setting the study builds steps for: `knobs`, and the
+        activation knobs of the step's named points whether the search
+        chooses them or not (the expert plans pin the batch's:
+        `space.baselines.pin_batch`); None when the step has neither. In the
+        study process only.
+      steps: gives the step for a knob setting (`with_setting`): `builds.step`
         in the study process, the programs it was sent in a worker; None
-        when the step has no knobs.
+        when the step has no knobs and no named activations.
       setting: the knob setting `step` was built for; `()`: the step as given.
       memory_prediction: what stage 1 does with the memory the step's jaxpr
         predicts for a candidate (`cost.footprint`): "cut" (cut it before
@@ -105,6 +110,7 @@ class Context:
     dcn_axes: tuple[str, ...] = ()
     target: Target | None = None
     knobs: Knobs | None = None
+    builds: Knobs | None = None
     steps: Callable[[Setting], Callable[..., Any]] | None = None
     setting: Setting = ()
     flax_points: tuple[tuple[Any, ...], ...] = ()

@@ -210,7 +210,7 @@ class Isolation(Base):
                                  "isolate=None or False (--no-isolate)")
             return None
         program, why = package_step(ctx.step, workload, ctx.abstract_args, device.platform,
-                                    ctx.knobs)
+                                    ctx.builds)
         why = "; ".join(w for w in (why, travels(ctx.objective),
                                     travels(ctx.hardware) if ctx.hardware else "") if w)
         folder = None
@@ -441,7 +441,7 @@ class Isolation(Base):
         if setting not in self.programs:
             device = ctx.mesh.devices.flat[0]
             program, why = package_step(ctx.step, self.workload, ctx.abstract_args,
-                                        device.platform, (ctx.root or ctx).knobs, setting)
+                                        device.platform, (ctx.root or ctx).builds, setting)
             self.programs[setting] = program if program is not None else why
         packed = self.programs[setting]
         if isinstance(packed, str):

@@ -7,6 +7,7 @@ needs them; `baseline_plans` says which experts apply and why the others do not.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
@@ -104,6 +105,59 @@ def baseline_plans(
         except ValueError as err:
             skipped[LOGICAL_MEGATRON] = str(err)
     return out, skipped
+
+
+# The activation name of the batch dim (the residual stream's, and that of
+# every point with one: MaxText's `activation_batch`), which the expert plans
+# pin to the batch's mesh axes.
+BATCH_POINT = "batch"
+# The baselines that are no expert's plan, and so are not pinned.
+UNPINNED = ("replicated", "default")
+
+
+def pin_batch(baselines: Mapping[str, Candidate], builds: Knobs | None,
+              searched: Knobs | None, args: Sequence[Any],
+              axis_sizes: Mapping[str, int]) -> dict[str, Candidate]:
+    """The expert plans as their authors write them: each with the batch dim
+    of the step's named activations (`act_batch`) on the mesh axes that split
+    its batch, as MaxText's `activation_batch` rule or a
+    `with_sharding_constraint` on the residual stream does.
+
+    Given only its arguments' specs, XLA's propagation may take those axes
+    from the batch: at an embedding lookup whose table and tokens ask for the
+    same axes it gives them to the larger table, and the activations after it
+    hold the whole batch on every device (gpt:1.5b's FSDP on 64 CPU devices:
+    27.6 GiB per device and 33x the estimate, against 1.7 GiB pinned). An
+    expert plan that only XLA's propagation places would be a baseline no
+    expert runs.
+
+    Args:
+      baselines: by label (`baseline_candidates`).
+      builds: every setting the study builds (`Context.builds`).
+      searched: the knobs the search chooses (`Context.knobs`): when it
+        chooses some but not `act_batch`, its knob rounds cannot carry the
+        pin, and the plans are left as they are.
+      args: `(state, *batch)`, abstract.
+      axis_sizes: the mesh's axes.
+
+    Returns:
+      The baselines, those pinned with `knobs` set. A plan is left as it is
+      when the step names no batch activation, the plan does not split the
+      batch, or no `act_batch` value is that split (its axes in that order).
+    """
+    name = PREFIX + BATCH_POINT
+    if (builds is None or name not in builds.choices
+            or (searched is not None and name not in searched.searched())):
+        return dict(baselines)
+    out = {}
+    for label, candidate in baselines.items():
+        axes = candidate.batch_axes(args)[1] if label not in UNPINNED else ()
+        value = ",".join(a for a in axes if axis_sizes.get(a, 1) > 1)
+        if value and value in builds.choices[name]:
+            candidate = dataclasses.replace(
+                candidate, knobs=builds.setting({**dict(candidate.knobs), name: value}))
+        out[label] = candidate
+    return out
 
 
 # A start plan's label: this prefix, then its file's name without ".json".

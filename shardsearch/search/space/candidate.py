@@ -27,7 +27,8 @@ class Candidate:
       knobs: the step's knobs that differ from their defaults, as
         `(name, value)` pairs (`base.knobs.Knobs.setting`): the step this
         candidate compiles is `knobs.step(candidate.knobs)`. `()`: the step
-        as given (every baseline).
+        as given. The expert baselines set `act_batch` where the step names
+        activations (`baselines.pin_batch`).
       readable: the parameters that are codes, decoded, as `(name, text)`
         pairs: `(("auto_order", "tp,dp"), ("priority", "auto,memory"))` for
         the Lehmer codes `auto_order_<i>` and `priority_<i>`; empty for
@@ -62,18 +63,24 @@ class Candidate:
         """Spec trees for `(state, *batch)`."""
         return argument_specs(self.state_rule, self.batch_rule, args)
 
-    def batch_split(self, args: Sequence[Any], axis_sizes: Mapping[str, int]
-                    ) -> tuple[int | None, int]:
+    def batch_axes(self, args: Sequence[Any]) -> tuple[int | None, tuple[str, ...]]:
         """The rows of the batch (the leading dim of its first leaf that has
-        one) and how many devices split them: `(None, 1)` without such a leaf,
-        `(rows, 1)` when it is replicated."""
+        one) and the mesh axes that split them, in the spec's order:
+        `(None, ())` without such a leaf, `(rows, ())` when it is replicated."""
         pairs, specs = specs_for_leaves(tuple(args[1:]), tuple(self.specs(args)[1:]))
         for (_, leaf), spec in zip(pairs, specs, strict=True):
             shape = leaf_shape(leaf) or ()
             if len(shape) >= 1:
-                return shape[0], math.prod(
-                    axis_sizes[a] for a in entry_axes(spec[0] if spec else None))
-        return None, 1
+                return shape[0], tuple(entry_axes(spec[0] if spec else None))
+        return None, ()
+
+    def batch_split(self, args: Sequence[Any], axis_sizes: Mapping[str, int]
+                    ) -> tuple[int | None, int]:
+        """The rows of the batch (`batch_axes`) and how many devices split
+        them: `(None, 1)` without a leaf that has rows, `(rows, 1)` when it
+        is replicated."""
+        rows, axes = self.batch_axes(args)
+        return rows, math.prod(axis_sizes[a] for a in axes)
 
     def same_sharding(self, other: Candidate) -> bool:
         """Whether `other` splits the arguments by the same rules (its knobs aside)."""

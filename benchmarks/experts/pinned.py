@@ -1,0 +1,99 @@
+"""The expert plans with and without the batch of their activations pinned.
+
+An expert plan gives the specs of the step's arguments; where the step names
+its activations (the built-in transformers' residual stream, attention and
+MLP points), the search now also runs it with their batch dim on the mesh
+axes that split the batch (`act_batch`), as MaxText's `activation_batch`
+rule does (`shardsearch.search.pin_batch`). This compiles every expert plan
+of a static suite's entries both ways, as the suite's search does (its
+hardware model, the static objective's cheap CPU compile), and tabulates
+XLA's memory per device and the model's estimate:
+
+    python benchmarks/experts/pinned.py cpu-static64 \\
+        --out benchmarks/results/experts/cpu-static64.md
+
+Each distinct (workload, mesh) of the suite once; entries that differ only
+in their budget share it (the budget column of the suite is not applied:
+"fits 16 GiB" is read off the memory column). Nothing else should run on
+the machine (the compile seconds are printed, not compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("suite")
+    parser.add_argument("--out", type=Path, required=True)
+    a = parser.parse_args(argv)
+
+    from shardsearch.bench import entry_mesh, load_suite, prepare_devices
+
+    suite = load_suite(a.suite)
+    prepare_devices(suite)
+
+    from shardsearch.search import (
+        baseline_candidates,
+        evaluate,
+        fingerprint,
+        make_context,
+        pin_batch,
+        resolve,
+    )
+    from shardsearch.workloads import get_workload
+
+    command = " ".join(["python", "benchmarks/experts/pinned.py", *(sys.argv[1:] if argv is None
+                                                                     else argv)])
+    lines = [f"# Expert plans with the batch of their activations pinned: `{a.suite}`", "",
+             f"Command: `{command}`", "",
+             "Per plan: XLA's total per device (arguments, outputs and temporaries, less what "
+             "is aliased) and the suite's hardware model's estimate of a step, as the plan's "
+             "specs alone leave the activations to XLA's propagation (*as specs*) and with "
+             "`act_batch` on the batch's axes (*pinned*).", "",
+             "| workload | mesh | plan | act_batch | as specs: GiB, s | pinned: GiB, s | "
+             "estimate as specs / pinned |",
+             "|---|---|---|---|---|---|---|"]
+    seen = set()
+    for entry in suite.entries:
+        key = (entry.workload_name, entry.mesh)
+        if key in seen:
+            continue
+        seen.add(key)
+        workload = get_workload(entry.workload_name)
+        mesh = entry_mesh(suite, entry)
+        ctx, _ = make_context(workload, None, mesh, objective="static", quiet=True,
+                              hardware=entry.hardware or suite.hardware)
+        args = ctx.abstract_args
+        pinned = pin_batch(baseline_candidates(workload, mesh), ctx.builds, ctx.knobs, args,
+                           dict(mesh.shape))
+        for label, candidate in pinned.items():
+            if label in ("replicated", "default") or not candidate.knobs:
+                continue
+            specs, fp = resolve(candidate, ctx)
+            start = time.perf_counter()
+            loose = evaluate(specs, fingerprint(specs), ctx, run=False)
+            held = evaluate(specs, fp, ctx.with_setting(candidate.knobs), run=False)
+            cells = []
+            for outcome in (loose, held):
+                total = outcome.memory.get("total")
+                cells.append(f"{total / 2**30:.2f}, {outcome.value:.3g}"
+                             if total is not None and outcome.value is not None
+                             else f"{outcome.status.value}: {outcome.reason[:60]}")
+            ratio = (f"{loose.value / held.value:.2f}x"
+                     if loose.value is not None and held.value else "-")
+            lines.append(f"| {entry.workload_name} | {entry.mesh} | {label} | "
+                         f"{dict(candidate.knobs)['act_batch']} | {cells[0]} | {cells[1]} | "
+                         f"{ratio} |")
+            print(lines[-1], f"({time.perf_counter() - start:.0f} s)", flush=True)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
