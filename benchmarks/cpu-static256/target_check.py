@@ -5,7 +5,9 @@ with the v5p model. This compiles an entry's exported winner
 (`rules/cpu-static256/<id>.json`) and the expert plans named after it for a
 deviceless v5p topology of the entry's mesh (`shardsearch.target_mesh`),
 and prints, one JSON line per plan, the compiler's peak memory and the v5p
-model's estimate of the chip's program:
+model's estimate of the chip's program (each plan's step built with its
+knobs: the winner's plan file's, an expert's `act_batch` pinned to its
+batch split, as the search runs it):
 
     python benchmarks/cpu-static256/target_check.py llama-70b-dp32-tp8 dp=32,tp=8 winner fsdp_tp
 
@@ -13,6 +15,7 @@ model's estimate of the chip's program:
 (`benchmarks/cpu-static64/target_check.py`).
 """
 
+import dataclasses
 import json
 import sys
 import time
@@ -44,23 +47,36 @@ def check(suite: str, workload_name: str, chip: str, entry: str, mesh_text: str,
     plan = ss.load_plan(f"rules/{suite}/{entry}.json", mesh)
     model = ss.HARDWARE[chip]
     for label in labels:
-        specs = (plan.apply(args) if label == "winner"
-                 else expert_plan(workload, mesh, label).specs(args, mesh))
+        if label == "winner":
+            specs, carrier = plan.apply(args), plan
+        else:
+            # An expert plan as the search runs it: its activations' batch on
+            # the axes of its batch split (`act_batch`, `pin_batch`).
+            expert = expert_plan(workload, mesh, label)
+            specs = expert.specs(args, mesh)
+            axes = expert.batch_spec[0] if len(expert.batch_spec) else None
+            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            carrier = dataclasses.replace(
+                plan, knobs={"act_batch": ",".join(axes)} if axes else {})
+        step = carrier.build_step(workload.knobs if workload.knobs is not None
+                                  else workload.step)
         shard = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                              is_leaf=lambda x: isinstance(x, PartitionSpec))
         start = time.perf_counter()
         try:
-            compiled = jax.jit(workload.step, in_shardings=shard,
+            compiled = jax.jit(step, in_shardings=shard,
                                donate_argnums=0).lower(*args).compile()
         except Exception as err:  # the compiler's refusal is the answer
-            print(json.dumps({"entry": entry, "plan": label, "error": str(err)[:400],
+            print(json.dumps({"entry": entry, "plan": label, "knobs": carrier.knobs,
+                              "error": str(err)[:400],
                               "seconds": time.perf_counter() - start}), flush=True)
             continue
         seconds = time.perf_counter() - start
         b = model.breakdown(ProgramCost.from_compiled(compiled), Topology.of(mesh))
         m = compiled.memory_analysis()
         peak = getattr(m, "peak_memory_in_bytes", None)
-        print(json.dumps({"entry": entry, "plan": label, "compile_s": round(seconds, 1),
+        print(json.dumps({"entry": entry, "plan": label, "knobs": carrier.knobs,
+                          "compile_s": round(seconds, 1),
                           "estimate_s": b.total, "kernels_s": b.kernels, "compute_s": b.compute,
                           "memory_s": b.memory, "communication_s": b.communication,
                           "hidden_s": b.hidden, "peak_gib": peak / 2**30 if peak else None,
