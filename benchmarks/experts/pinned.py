@@ -24,34 +24,61 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv: list[str] | None, description: str,
+          extra: Callable[[argparse.ArgumentParser], None] = lambda p: None
+          ) -> tuple[argparse.Namespace, Any]:
+    """The arguments (a suite, `--out`, and what `extra` adds) and the suite,
+    its CPU devices simulated; what this script and `searched.py` share."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("suite")
+    extra(parser)
     parser.add_argument("--out", type=Path, required=True)
     a = parser.parse_args(argv)
 
-    from shardsearch.bench import entry_mesh, load_suite, prepare_devices
+    from shardsearch.bench import load_suite, prepare_devices
 
     suite = load_suite(a.suite)
     prepare_devices(suite)
+    return a, suite
 
-    from shardsearch.search import (
-        baseline_candidates,
-        evaluate,
-        fingerprint,
-        make_context,
-        pin_batch,
-        resolve,
-    )
+
+def entry_context(suite: Any, entry: Any, budget: int | None = None) -> tuple[Any, Any, Any]:
+    """`(context, workload, mesh)`: a static context for an entry, with the
+    suite's hardware model (the search's default budget unless `budget`)."""
+    from shardsearch.bench import entry_mesh
+    from shardsearch.search import make_context
     from shardsearch.workloads import get_workload
 
-    command = " ".join(["python", "benchmarks/experts/pinned.py", *(sys.argv[1:] if argv is None
-                                                                     else argv)])
+    workload = get_workload(entry.workload_name)
+    mesh = entry_mesh(suite, entry)
+    ctx, _ = make_context(workload, None, mesh, objective="static", quiet=True,
+                          hardware=entry.hardware or suite.hardware, memory_budget=budget)
+    return ctx, workload, mesh
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command that made a results file, as the file names it."""
+    return " ".join(["python", f"benchmarks/experts/{script}",
+                     *(sys.argv[1:] if argv is None else argv)])
+
+
+def write(out: Path, lines: list[str]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, suite = parse(argv, __doc__.splitlines()[0])
+
+    from shardsearch.search import baseline_candidates, evaluate, fingerprint, pin_batch, resolve
+
     lines = [f"# Expert plans with the batch of their activations pinned: `{a.suite}`", "",
-             f"Command: `{command}`", "",
+             f"Command: `{command_line('pinned.py', argv)}`", "",
              "Per plan: XLA's total per device (arguments, outputs and temporaries, less what "
              "is aliased) and the suite's hardware model's estimate of a step, as the plan's "
              "specs alone leave the activations to XLA's propagation (*as specs*) and with "
@@ -65,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in seen:
             continue
         seen.add(key)
-        workload = get_workload(entry.workload_name)
-        mesh = entry_mesh(suite, entry)
-        ctx, _ = make_context(workload, None, mesh, objective="static", quiet=True,
-                              hardware=entry.hardware or suite.hardware)
+        ctx, workload, mesh = entry_context(suite, entry)
         args = ctx.abstract_args
         pinned = pin_batch(baseline_candidates(workload, mesh), ctx.builds, ctx.knobs, args,
                            dict(mesh.shape))
@@ -91,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{dict(candidate.knobs)['act_batch']} | {cells[0]} | {cells[1]} | "
                          f"{ratio} |")
             print(lines[-1], f"({time.perf_counter() - start:.0f} s)", flush=True)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("\n".join(lines) + "\n")
+    write(a.out, lines)
     return 0
 
 

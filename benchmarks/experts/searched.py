@@ -24,19 +24,16 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pinned import command_line, entry_context, parse, write
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("suite")
-    parser.add_argument("results", type=Path)
-    parser.add_argument("--top", type=int, default=8)
-    parser.add_argument("--out", type=Path, required=True)
-    a = parser.parse_args(argv)
+    def extra(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("results", type=Path)
+        parser.add_argument("--top", type=int, default=8)
 
-    from shardsearch.bench import entry_mesh, load_suite, prepare_devices
-
-    suite = load_suite(a.suite)
-    prepare_devices(suite)
+    a, suite = parse(argv, __doc__.splitlines()[0], extra)
 
     import optuna
 
@@ -45,19 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         TrialRecord,
         evaluate,
         fingerprint,
-        make_context,
         resolve,
         rule_from_config,
     )
-    from shardsearch.workloads import get_workload
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     folder = a.results / a.suite
     storage = optuna.storages.RDBStorage(f"sqlite:///{folder / 'studies.db'}")
-    command = " ".join(["python", "benchmarks/experts/searched.py",
-                        *(sys.argv[1:] if argv is None else argv)])
     lines = [f"# Searched plans with their activations' batch pinned: `{a.suite}`", "",
-             f"Command: `{command}`", "",
+             f"Command: `{command_line('searched.py', argv)}`", "",
              f"Per entry, its best expert plan (pinned, as the suite's run timed it) and its "
              f"{a.top} best distinct searched candidates that set no knob, each as the "
              "search estimated it (activations left to XLA) and with `act_batch` on its own "
@@ -67,16 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     for path in sorted((folder / "entries").glob("*.json")):
         record = json.loads(path.read_text())
         entry = next(e for e in suite.entries if e.id == record["entry"]["id"])
-        budget = record["budget"]["bytes"]
         experts = [p for p in record["plans"]
                    if p["role"] == "expert" and p.get("median_seconds")]
         best = min(experts, key=lambda p: p["median_seconds"], default=None)
         expert = f"{best['label']} {best['median_seconds'] * 1e3:.0f}" if best else "none fits"
-        workload = get_workload(entry.workload_name)
-        mesh = entry_mesh(suite, entry)
+        ctx, _, mesh = entry_context(suite, entry, record["budget"]["bytes"])
         sizes = dict(mesh.shape)
-        ctx, _ = make_context(workload, None, mesh, objective="static", quiet=True,
-                              hardware=entry.hardware or suite.hardware, memory_budget=budget)
         args = ctx.abstract_args
         study = optuna.load_study(study_name=record["search"]["study"], storage=storage)
         searched: dict[str, TrialRecord] = {}
@@ -101,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {entry.id} | {expert} | {r.number} | "
                          f"{r.outcome.value * 1e3:.0f} | {cells[0]} | {cells[1]} |")
             print(lines[-1], flush=True)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("\n".join(lines) + "\n")
+    write(a.out, lines)
     return 0
 
 
