@@ -451,3 +451,31 @@ def test_a_pinned_expert_wins_exports_and_starts_a_search_with_its_pin(mesh24, t
     start = next(r for r in again.trials if r.label == "plan:fsdp")
     assert start.knobs == (("act_batch", "dp,tp"),)
     assert start.outcome.fingerprint == fsdp.outcome.fingerprint
+
+
+def test_a_search_without_knobs_pins_its_own_proposals_too(mesh24, tmp_path):
+    """Each searched candidate runs with its activations' batch on its own
+    batch split, as the experts do, unless the search chooses `act_batch`
+    itself: then the sampler's value stands."""
+    from shardsearch.search import rule_from_config
+
+    workload = _gpt_odd_vocab()
+    args, sizes = workload.abstract(), axis_sizes(mesh24)
+
+    def split(record):
+        candidate = Candidate(rule_from_config(record.state_rule, mesh24),
+                              rule_from_config(record.batch_rule, mesh24))
+        return ",".join(a for a in candidate.batch_axes(args)[1] if sizes[a] > 1)
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    result = ss.optimize(workload, mesh=mesh24, objective="static", n_trials=12, quiet=True,
+                         storage=storage, isolate=False, seed=0)
+    searched = [r for r in result.trials if r.label == "search" and not r.outcome.cache_hit]
+    assert searched
+    assert [dict(r.knobs).get("act_batch", "") for r in searched] == [split(r) for r in searched]
+    chosen = ss.optimize(workload, mesh=mesh24, objective="static", n_trials=12, quiet=True,
+                         storage=storage, study_name="chosen", isolate=False, seed=0,
+                         knobs=("act_batch",))
+    proposals = [r for r in chosen.trials if r.label == "search"]
+    assert proposals and any(dict(r.knobs).get("act_batch", "auto") != split(r)
+                             for r in proposals)

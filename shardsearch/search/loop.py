@@ -34,7 +34,7 @@ from .finish import finish
 from .result import OptimizeResult
 from .setup import SearchSettings, StudySetup, make_context, prepare, start_executor
 from .shapes import search_shapes
-from .space.baselines import start_candidates, tensor_axes
+from .space.baselines import pinned, start_candidates, tensor_axes
 from .space.candidate import (
     UNBUILDABLE,
     Candidate,
@@ -545,7 +545,7 @@ class _Runner:
 
     def _one(self, trial: optuna.Trial, baseline: Candidate | None) -> TrialRecord:
         start = time.perf_counter()
-        candidate = baseline or self.space.suggest(trial)              # propose
+        candidate = baseline or self._proposal(trial)                  # propose
         specs, fp = _evaluate.resolve(candidate, self.ctx)              # evaluate
         if specs is None:
             outcome = Outcome("", CUT, Stage.CHECK, fp)
@@ -580,6 +580,16 @@ class _Runner:
             self.specs.setdefault(fp, specs)
         self.candidates[trial.number] = candidate
         return self.record(trial, candidate, outcome, start)            # record
+
+    def _proposal(self, trial: optuna.Trial) -> Candidate:
+        """The space's candidate for `trial`; where the search chooses no knob,
+        with its activations' batch on its batch split, as the expert plans
+        run (`pinned`)."""
+        candidate = self.space.suggest(trial)
+        if self.ctx.knobs is not None:
+            return candidate
+        return pinned(candidate, self.ctx.builds, self.ctx.abstract_args,
+                      _mesh.axis_sizes(self.ctx.mesh))
 
     def _refused(self, candidate: Candidate) -> str | None:
         """Why the step's factory will not build the candidate's knobs (a

@@ -149,15 +149,30 @@ def pin_batch(baselines: Mapping[str, Candidate], builds: Knobs | None,
     if (builds is None or name not in builds.choices
             or (searched is not None and name not in searched.searched())):
         return dict(baselines)
-    out = {}
-    for label, candidate in baselines.items():
-        axes = candidate.batch_axes(args)[1] if label not in UNPINNED else ()
-        value = ",".join(a for a in axes if axis_sizes.get(a, 1) > 1)
-        if value and value in builds.choices[name]:
-            candidate = dataclasses.replace(
-                candidate, knobs=builds.setting({**dict(candidate.knobs), name: value}))
-        out[label] = candidate
-    return out
+    return {label: candidate if label in UNPINNED else pinned(candidate, builds, args,
+                                                              axis_sizes)
+            for label, candidate in baselines.items()}
+
+
+def pinned(candidate: Candidate, builds: Knobs | None, args: Sequence[Any],
+           axis_sizes: Mapping[str, int]) -> Candidate:
+    """`candidate` with `act_batch` on the mesh axes that split its batch
+    (`pin_batch`); itself when the step names no batch activation
+    (`builds` declares no `act_batch`), the batch is not split, or no
+    `act_batch` value is that split. A search that chooses no knob pins its
+    proposals so too (`loop._Runner._proposal`): left to XLA, a proposal's
+    program could hold the whole batch where stage 1's prediction and the
+    experts keep it split (on cpu-static64's 16 GiB entries 49-70% of trial
+    time went to candidates XLA then cut for memory; pinned, 19-26%)."""
+    name = PREFIX + BATCH_POINT
+    if builds is None or name not in builds.choices:
+        return candidate
+    axes = candidate.batch_axes(args)[1]
+    value = ",".join(a for a in axes if axis_sizes.get(a, 1) > 1)
+    if not value or value not in builds.choices[name]:
+        return candidate
+    return dataclasses.replace(candidate,
+                               knobs=builds.setting({**dict(candidate.knobs), name: value}))
 
 
 # A start plan's label: this prefix, then its file's name without ".json".

@@ -27,8 +27,9 @@ class Candidate:
       knobs: the step's knobs that differ from their defaults, as
         `(name, value)` pairs (`base.knobs.Knobs.setting`): the step this
         candidate compiles is `knobs.step(candidate.knobs)`. `()`: the step
-        as given. The expert baselines set `act_batch` where the step names
-        activations (`baselines.pin_batch`).
+        as given. Where the step names activations, the expert baselines,
+        and a search's proposals when it chooses no knob, set `act_batch`
+        (`baselines.pin_batch`, `baselines.pinned`).
       readable: the parameters that are codes, decoded, as `(name, text)`
         pairs: `(("auto_order", "tp,dp"), ("priority", "auto,memory"))` for
         the Lehmer codes `auto_order_<i>` and `priority_<i>`; empty for
