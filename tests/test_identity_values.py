@@ -96,6 +96,35 @@ def test_measured_values_name_the_timing_settings_and_the_host(mesh24):
                                                "dcn_axes"}
 
 
+def test_pinned_proposals_are_part_of_what_a_trial_means(tmp_path, mesh24):
+    """A search that chooses no knob pins its proposals' activations to their
+    batch split (step with named activations): a study searched before that,
+    its same parameters another program, is not resumed by it."""
+    make = ss.search.make_context
+    pinned = dict(trial_values(make(get_workload("gpt:tiny"), None, mesh24,
+                                    objective="static")[0]))
+    assert pinned["proposals"] == "act_batch=batch split"
+    # No named activations (mlp:tiny), or the knobs chosen: nothing pinned.
+    assert "proposals" not in dict(trial_values(make(get_workload("mlp:tiny"), None, mesh24,
+                                                     objective="static")[0]))
+    chosen = dict(trial_values(make(get_workload("gpt:tiny"), None, mesh24,
+                                    objective="static", knobs=("act_batch",))[0]))
+    assert "proposals" not in chosen and "act_batch" in chosen["knobs"]
+    # A study stored without it (as one searched before) refuses this run.
+    storage, workload = _storage(tmp_path), get_workload("gpt:tiny")
+    ss.optimize(workload, mesh=mesh24, n_trials=1, storage=storage, study_name="s", **STATIC)
+    with sqlite3.connect(tmp_path / "studies.db") as db:
+        (text,) = db.execute("SELECT value_json FROM study_user_attributes WHERE key = ?",
+                             (attrs.IDENTITY,)).fetchone()
+        identity = json.loads(text)
+        assert identity["values"].pop("proposals") == "act_batch=batch split"
+        db.execute("UPDATE study_user_attributes SET value_json = ? WHERE key = ?",
+                   (json.dumps(identity), attrs.IDENTITY))
+    with pytest.raises(IdentityMismatch, match="proposals"):
+        ss.optimize(workload, mesh=mesh24, n_trials=1, storage=storage, study_name="s",
+                    **STATIC)
+
+
 def test_an_older_study_resumed_under_a_budget_never_reports_a_finalist_over_it(
         tmp_path, mesh24):
     # A study recorded before identities held values: its trials come back, and

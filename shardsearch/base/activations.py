@@ -49,6 +49,11 @@ Entry = str | tuple[str, ...] | None
 PREFIX = "act_"
 AUTO = "auto"
 WHOLE = "-"
+# The name of the batch dim of an activation (the residual stream's, and that
+# of every point with one: MaxText's `activation_batch`), which expert plans,
+# and a search's proposals when it chooses no knob, pin to the batch's split
+# (`search.space.baselines.pin_batch`).
+BATCH = "batch"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 from ...base import mesh as _mesh
 from ...base import spec as _spec
 from ...base import tree as _tree
-from ...base.activations import PREFIX
+from ...base.activations import BATCH, PREFIX
 from ...base.knobs import Knobs
 from ...base.warnings import ShardsearchWarning
 from ...logical.axes import LogicalAxes
@@ -107,10 +107,6 @@ def baseline_plans(
     return out, skipped
 
 
-# The activation name of the batch dim (the residual stream's, and that of
-# every point with one: MaxText's `activation_batch`), which the expert plans
-# pin to the batch's mesh axes.
-BATCH_POINT = "batch"
 # The baselines that are no expert's plan, and so are not pinned.
 UNPINNED = ("replicated", "default")
 
@@ -145,7 +141,7 @@ def pin_batch(baselines: Mapping[str, Candidate], builds: Knobs | None,
       when the step names no batch activation, the plan does not split the
       batch, or no `act_batch` value is that split (its axes in that order).
     """
-    name = PREFIX + BATCH_POINT
+    name = PREFIX + BATCH
     if (builds is None or name not in builds.choices
             or (searched is not None and name not in searched.searched())):
         return dict(baselines)
@@ -164,7 +160,7 @@ def pinned(candidate: Candidate, builds: Knobs | None, args: Sequence[Any],
     program could hold the whole batch where stage 1's prediction and the
     experts keep it split (on cpu-static64's 16 GiB entries 49-70% of trial
     time went to candidates XLA then cut for memory; pinned, 19-26%)."""
-    name = PREFIX + BATCH_POINT
+    name = PREFIX + BATCH
     if builds is None or name not in builds.choices:
         return candidate
     axes = candidate.batch_axes(args)[1]

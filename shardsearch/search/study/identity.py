@@ -33,6 +33,7 @@ import optuna
 
 from ...base import mesh as _mesh
 from ...base import tree as _tree
+from ...base.activations import BATCH, PREFIX
 from ..space.searchspace import SPACE_VERSION, space_version
 from . import attrs as _attrs
 
@@ -191,6 +192,11 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
     - When the search chooses the step's knobs (`ctx.knobs`): `knobs`, each
       knob with its values, default first ("microbatches=1|2;remat=full|none"):
       a trial's setting means another step under other defaults.
+    - When it chooses none and the step names a batch activation:
+      `proposals`, "act_batch=batch split": each proposal runs with its
+      activations' batch on its batch split (`space.baselines.pinned`), so
+      its parameters mean another program than in a study searched before
+      proposals were pinned (2026-12-06).
     """
     out: list[tuple[str, Any]] = [("budget", ctx.budget)]
     if ctx.objective.uses_hardware:
@@ -213,6 +219,8 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
     if ctx.knobs is not None:
         out.append(("knobs", ";".join(f"{name}=" + "|".join(map(str, values))
                                       for name, values in ctx.knobs.choices.items())))
+    elif ctx.builds is not None and PREFIX + BATCH in ctx.builds.choices:
+        out.append(("proposals", f"{PREFIX}{BATCH}=batch split"))
     return tuple(out)
 
 
