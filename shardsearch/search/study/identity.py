@@ -118,8 +118,10 @@ class StudyIdentity:
                 self.space, self.space_version):
             extra.append(f"space {self.space!r} (version {self.space_version})")
         # Values are told only between otherwise equal searches: another
-        # objective's values differ wholesale and would hide what changed.
-        if against is not None and None not in (self.values, against.values) and not extra:
+        # objective's values differ wholesale, another step's follow from it
+        # (its named activations: `proposals`), and would hide what changed.
+        if (against is not None and None not in (self.values, against.values) and not extra
+                and self.subject() == against.subject()):
             theirs = dict(against.values or ())
             extra += [f"{k} {_shown(v)}" for k, v in self.values or ()
                       if theirs.get(k, _MISSING) != v]
