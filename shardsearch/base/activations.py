@@ -54,6 +54,7 @@ WHOLE = "-"
 # and a search's proposals when it chooses no knob, pin to the batch's split
 # (`search.space.baselines.pin_batch`).
 BATCH = "batch"
+BATCH_KNOB = PREFIX + BATCH
 
 
 @dataclasses.dataclass(frozen=True)

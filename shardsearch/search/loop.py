@@ -586,7 +586,7 @@ class _Runner:
         with its activations' batch on its batch split, as the expert plans
         run (`pinned`)."""
         candidate = self.space.suggest(trial)
-        if self.ctx.knobs is not None:
+        if not self.ctx.pins_proposals:
             return candidate
         return pinned(candidate, self.ctx.builds, self.ctx.abstract_args,
                       _mesh.axis_sizes(self.ctx.mesh))

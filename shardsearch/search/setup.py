@@ -408,16 +408,16 @@ def make_context(
     offered = points if _wants_activations(settings.knobs) else {}
     if _wants_activations(settings.knobs):
         _say_unoffered(found, offered, settings.knobs, mesh)
-    own = declared
-    if offered:
-        declared = _activations.with_activation_knobs(declared, step, offered,
-                                                      tuple(_mesh.axis_sizes(mesh).items()))
     if declared is not None:
         groups = group_sizes(mesh)
         declared = declared.narrowed(GRAD_GROUPS, lambda v: v in groups)
-    knobs = searched_knobs(declared, settings.knobs, by_default,
+    axes = tuple(_mesh.axis_sizes(mesh).items())
+    # The step's own knobs and every point's: what the study can build.
+    full = (_activations.with_activation_knobs(declared, step, points, axes) if points
+            else declared)
+    knobs = searched_knobs(full if offered else declared, settings.knobs, by_default,
                            places_points=bool(found) and _wants_activations(settings.knobs))
-    builds = buildable(knobs, own, step, points, mesh)
+    builds = buildable(knobs, full, points)
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
                   executor=InProcess(), execute_timeout=settings.execute_timeout,
@@ -489,25 +489,18 @@ def searched_knobs(declared: Knobs | None, chosen: bool | tuple[str, ...] | None
     return knobs if knobs.searched() else None
 
 
-def buildable(knobs: Knobs | None, own: Knobs | None, step: Callable[..., Any],
-              points: Mapping[str, tuple[str, ...]], mesh: jax.sharding.Mesh
+def buildable(knobs: Knobs | None, full: Knobs | None, points: Mapping[str, Any]
               ) -> Knobs | None:
     """Every knob setting a study builds steps for (`Context.builds`): the
-    knobs it searches (`knobs`), every other one of the step's `own` knobs at
-    its default, and the activation knobs of its named points (`points`,
-    `act_<name>` -> values) with all their values, searched or not: an expert
-    plan pins the batch dim of the activations to the batch's axes as its
-    authors write it (`space.baselines.pin_batch`). None when the step has
-    neither knobs searched nor points.
+    knobs it searches (`knobs`), every other knob of `full` (the step's own
+    and its named points' `act_<name>`) at its default, except the points'
+    (`points`), which keep all their values, searched or not: an expert plan
+    pins the batch dim of the activations to the batch's axes as its authors
+    write it (`space.baselines.pin_batch`). None when the step has neither
+    knobs searched nor points.
     """
-    if knobs is None and not points:
+    if full is None or (knobs is None and not points):
         return None
-    full = own
-    if points:
-        full = _activations.with_activation_knobs(own, step, points,
-                                                  tuple(_mesh.axis_sizes(mesh).items()))
-    groups = group_sizes(mesh)
-    full = full.narrowed(GRAD_GROUPS, lambda v: v in groups)
     searched = set(knobs.searched()) if knobs is not None else set()
     return full.only([n for n in full.choices if n in searched or n in points])
 

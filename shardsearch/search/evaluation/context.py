@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from ...base.activations import BATCH_KNOB
 from ...base.analyzer import ShardingAnalyzer
 from ...base.knobs import Knobs, Setting, setting_text
 from ...base.target import Target
@@ -117,6 +118,13 @@ class Context:
     memory_prediction: str = "cut"
     traced: dict[Setting, Any] = dataclasses.field(default_factory=dict, repr=False)
     root: Context | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def pins_proposals(self) -> bool:
+        """Whether the search runs its proposals with their activations' batch
+        on their batch split (`space.baselines.pinned`): it chooses no knob
+        and the step names a batch activation."""
+        return self.knobs is None and self.builds is not None and BATCH_KNOB in self.builds.choices
 
     def with_setting(self, setting: Setting) -> Context:
         """This context with the step built for another knob setting.

@@ -21,7 +21,7 @@ import numpy as np
 from ...base import mesh as _mesh
 from ...base import spec as _spec
 from ...base import tree as _tree
-from ...base.activations import BATCH, PREFIX
+from ...base.activations import BATCH_KNOB, PREFIX
 from ...base.knobs import Knobs
 from ...base.warnings import ShardsearchWarning
 from ...logical.axes import LogicalAxes
@@ -141,9 +141,8 @@ def pin_batch(baselines: Mapping[str, Candidate], builds: Knobs | None,
       when the step names no batch activation, the plan does not split the
       batch, or no `act_batch` value is that split (its axes in that order).
     """
-    name = PREFIX + BATCH
-    if (builds is None or name not in builds.choices
-            or (searched is not None and name not in searched.searched())):
+    if (builds is None or BATCH_KNOB not in builds.choices
+            or (searched is not None and BATCH_KNOB not in searched.searched())):
         return dict(baselines)
     return {label: candidate if label in UNPINNED else pinned(candidate, builds, args,
                                                               axis_sizes)
@@ -160,15 +159,14 @@ def pinned(candidate: Candidate, builds: Knobs | None, args: Sequence[Any],
     program could hold the whole batch where stage 1's prediction and the
     experts keep it split (on cpu-static64's 16 GiB entries 49-70% of trial
     time went to candidates XLA then cut for memory; pinned, 19-26%)."""
-    name = PREFIX + BATCH
-    if builds is None or name not in builds.choices:
+    if builds is None or BATCH_KNOB not in builds.choices:
         return candidate
     axes = candidate.batch_axes(args)[1]
     value = ",".join(a for a in axes if axis_sizes.get(a, 1) > 1)
-    if not value or value not in builds.choices[name]:
+    if not value or value not in builds.choices[BATCH_KNOB]:
         return candidate
     return dataclasses.replace(candidate,
-                               knobs=builds.setting({**dict(candidate.knobs), name: value}))
+                               knobs=builds.setting({**dict(candidate.knobs), BATCH_KNOB: value}))
 
 
 # A start plan's label: this prefix, then its file's name without ".json".

@@ -33,7 +33,7 @@ import optuna
 
 from ...base import mesh as _mesh
 from ...base import tree as _tree
-from ...base.activations import BATCH, PREFIX
+from ...base.activations import BATCH_KNOB
 from ..space.searchspace import SPACE_VERSION, space_version
 from . import attrs as _attrs
 
@@ -221,8 +221,8 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
     if ctx.knobs is not None:
         out.append(("knobs", ";".join(f"{name}=" + "|".join(map(str, values))
                                       for name, values in ctx.knobs.choices.items())))
-    elif ctx.builds is not None and PREFIX + BATCH in ctx.builds.choices:
-        out.append(("proposals", f"{PREFIX}{BATCH}=batch split"))
+    elif ctx.pins_proposals:
+        out.append(("proposals", f"{BATCH_KNOB}=batch split"))
     return tuple(out)
 
 
