@@ -9,7 +9,9 @@ the current predictor (`shardsearch.search.predict_footprint`; nothing
 compiles), and judged as stage 1 judges, in trial order: its prediction times
 the least ratio XLA total / prediction of the candidates before it with the
 same knobs (once there are three), against the entry's budget times the
-margin: stage 1's own, the spread of those ratios (largest over least), and
+margin: stage 1's own (the square root of the spread of those ratios, largest
+over least, since 2026-12-06; the spread itself before, in the reports made
+then), and
 any fixed `--margin` given (`shardsearch.search.prediction_summary`). A "false cut" is a candidate
 the rule would have cut that XLA fit; "missed" is one XLA found over the budget
 that the rule let through to compile. The ratio columns say how far XLA's
@@ -78,7 +80,7 @@ def entry_rows(suite_dir: Path, suite, margins):
             ratios.append(memory["total"] / predicted)
         if not records:
             continue
-        judged = {"spread": prediction_summary(records, budget)}
+        judged = {"stage 1": prediction_summary(records, budget)}
         judged.update({f"{m:g}": prediction_summary(records, budget, margin=m) for m in margins})
         yield entry.id, budget, ratios, judged
 
@@ -98,7 +100,7 @@ def main() -> int:
              f"Command: `{command}`", "",
              "| entry | budget GiB | compiled | XLA / predicted: min, median, max | "
              + " | ".join(f"margin {m}: judged, over, agree, false cuts, missed"
-                          for m in ["spread", *(f"{m:g}" for m in margins)]) + " |",
+                          for m in ["stage 1", *(f"{m:g}" for m in margins)]) + " |",
              "|---|---|---|---|" + "---|" * (1 + len(margins))]
     for entry_id, budget, ratios, judged in entry_rows(Path(a.results) / a.suite, suite,
                                                        margins):
