@@ -17,7 +17,7 @@ from jaxprs import constraint_shardings, constraints
 import shardsearch as ss
 from shardsearch.base import activations as acts
 from shardsearch.base.mesh import axis_sizes
-from shardsearch.base.warnings import ShardsearchWarning
+from shardsearch.base.warnings import KINDS, ShardsearchWarning
 from shardsearch.search import (
     Candidate,
     baseline_candidates,
@@ -26,6 +26,7 @@ from shardsearch.search import (
     make_context,
     plan_config,
     resolve,
+    rule_from_config,
 )
 from shardsearch.search.execution.transport import jaxpr_digest, package_step
 from shardsearch.workloads import get_workload
@@ -396,7 +397,7 @@ def test_the_expert_plans_pin_the_batch_of_the_activations_to_its_split(mesh24):
     ctx, _ = make_context(workload, None, mesh24, objective="static")
     args = ctx.abstract_args
     assert ctx.knobs is None and "act_batch" in ctx.builds.choices
-    baselines = pin_batch(baseline_candidates(workload, mesh24), ctx.builds, ctx.knobs, args,
+    baselines = pin_batch(baseline_candidates(workload, mesh24), ctx.builds, args,
                           axis_sizes(mesh24))
     assert {label: c.knobs for label, c in baselines.items()} == {
         "replicated": (), "default": (),  # no expert's plan
@@ -410,16 +411,61 @@ def test_the_expert_plans_pin_the_batch_of_the_activations_to_its_split(mesh24):
     pinned = evaluate(specs, fp, ctx.with_setting(fsdp.knobs), run=False)
     loose = evaluate(specs, _fingerprint(specs), ctx, run=False)
     assert pinned.memory["total"] < 0.7 * loose.memory["total"], (pinned.memory, loose.memory)
-    # A search that chooses knobs but not act_batch cannot carry the pin
-    # through its knob rounds: the plans stay as their specs place them.
+    # Whatever knobs the search chooses, act_batch among them or not.
+    for knobs in (("remat",), ("act_batch",)):
+        ctx, _ = make_context(workload, None, mesh24, objective="static", knobs=knobs)
+        chosen = pin_batch(baseline_candidates(workload, mesh24), ctx.builds, args,
+                           axis_sizes(mesh24))
+        assert chosen["fsdp"].knobs == (("act_batch", "dp,tp"),)
+
+
+def test_a_search_of_other_knobs_holds_act_batch_and_pins_as_a_plain_one(mesh24, tmp_path):
+    """`knobs=("remat",)`: act_batch is held (`Knobs.holding`: any value in a
+    setting, never searched), so the experts run pinned, the best one's
+    remat variants keep its pin, the proposals are pinned, and the winner's
+    export carries its pin."""
+    workload = _gpt_odd_vocab()
     ctx, _ = make_context(workload, None, mesh24, objective="static", knobs=("remat",))
-    kept = pin_batch(baseline_candidates(workload, mesh24), ctx.builds, ctx.knobs, args,
-                     axis_sizes(mesh24))
-    assert all(c.knobs == () for c in kept.values())
-    ctx, _ = make_context(workload, None, mesh24, objective="static", knobs=("act_batch",))
-    chosen = pin_batch(baseline_candidates(workload, mesh24), ctx.builds, ctx.knobs, args,
-                       axis_sizes(mesh24))
-    assert chosen["fsdp"].knobs == (("act_batch", "dp,tp"),)
+    assert ctx.knobs.held == ("act_batch",) and list(ctx.knobs.searched()) == ["remat"]
+    assert ctx.pins_proposals
+    result = ss.optimize(workload, mesh=mesh24, objective="static", n_trials=10,
+                         knobs=("remat",), quiet=True, isolate=False, seed=0,
+                         storage=f"sqlite:///{tmp_path / 's.db'}", space="rules")
+    ran = {t.label: dict(t.knobs) for t in result.trials}
+    assert ran["fsdp"] == {"act_batch": "dp,tp"} and ran["megatron"] == {"act_batch": "dp"}
+    variants = [label for label in ran if "~remat=" in label]
+    assert len(variants) == 2 and all(ran[v]["act_batch"] == ran[v.split("~")[0]]["act_batch"]
+                                      for v in variants)
+    # Each proposal on the axes that split its batch, where act_batch offers them.
+    proposals = [t for t in result.trials if t.label == "search"]
+    offered = ctx.builds.choices["act_batch"]
+    for t in proposals:
+        proposal = Candidate(rule_from_config(t.state_rule, mesh24, "state"),
+                             rule_from_config(t.batch_rule, mesh24, "batch"))
+        split = ",".join(proposal.batch_axes(ctx.abstract_args)[1])
+        assert dict(t.knobs).get("act_batch") == (split if split in offered else None), t
+    assert any("act_batch" in dict(t.knobs) for t in proposals)
+    assert "knob_act_batch" not in result.trials[-1].params
+    config = ss.export_config(result, workload=workload)
+    assert config["knobs"]["act_batch"] == dict(result.best_knobs)["act_batch"] != "auto"
+
+
+def test_an_expert_no_act_batch_value_can_pin_is_named(mesh24):
+    from shardsearch.base.warnings import UnpinnedBatchWarning
+    from shardsearch.search.space.baselines import pin_notes
+
+    workload = _gpt_odd_vocab()
+    ctx, _ = make_context(workload, None, mesh24, objective="static")
+    experts = baseline_candidates(workload, mesh24)
+    sizes = axis_sizes(mesh24)
+    assert pin_notes(experts, ctx.builds, ctx.abstract_args, sizes) == ()
+    # An act_batch without the dp,tp group: dp and fsdp split the batch so.
+    narrow = ctx.builds.narrowed("act_batch", lambda v: v != "dp,tp")
+    (text,) = pin_notes(experts, narrow, ctx.abstract_args, sizes)
+    assert text.startswith("unpinned: no act_batch value names the batch split of "
+                           "dp (batch over dp,tp), fsdp (batch over dp,tp): ")
+    assert "megatron" not in text
+    assert issubclass(KINDS["unpinned"], UnpinnedBatchWarning)
 
 
 def _fingerprint(specs):

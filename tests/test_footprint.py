@@ -138,14 +138,16 @@ def test_stage_one_cuts_on_the_scaled_prediction_only_with_enough_compiled_sampl
     assert none is None and predicted > memory["arguments"] > 0
     tight = dataclasses.replace(ctx, budget=int(predicted / 1.5) - 1)
     # Two samples are not enough to scale by; three are: scaled by the least
-    # (1.0), it is over the budget by their spread (1.5).
+    # (1.0), it is over the budget by more than the square root of their
+    # spread (1.22).
     assert _evaluate.check(specs, fp, tight, ratios=(1.0, 1.0))[0] is None
     cut, memory = _evaluate.check(specs, fp, tight, ratios=(1.0, 1.5, 1.2))
     assert (cut.status, cut.cut_stage) == (CUT, Stage.CHECK)
     assert cut.reason.startswith(PREDICTED) and "over the budget of" in cut.reason
     assert cut.memory["predicted"] == predicted
-    # Scaled by 0.9, it is over, but not by the spread 1.67: left to XLA.
-    assert _evaluate.check(specs, fp, tight, ratios=(0.9, 1.5, 1.2))[0] is None
+    # Scaled by 0.8, it is over, but not by the square root of the spread
+    # (1.37): left to XLA.
+    assert _evaluate.check(specs, fp, tight, ratios=(0.8, 1.5, 1.2))[0] is None
     # "record" predicts but never cuts on it; "off" does not predict.
     record = dataclasses.replace(tight, memory_prediction="record")
     none, memory = _evaluate.check(specs, fp, record, ratios=(1.0, 1.0, 1.0))
@@ -171,7 +173,7 @@ def test_a_search_cuts_before_compiling_what_xla_would_have_cut(mesh24, tmp_path
     # Replicated, default and dp calibrate (XLA needs 0.53-0.75 of the
     # prediction); past them, candidates that leave the batch whole are
     # predicted at ~34 MB, which scaled (x0.53) is over 12 MB by more than the
-    # ratios' spread (1.41). n_trials=11: the searched trials are the sampler's
+    # square root of the ratios' spread (1.41). n_trials=11: the searched trials are the sampler's
     # seeded start-up ones, the same in both runs.
     budget = 12_000_000
     runs = {mode: ss.optimize(_wide_step, WIDE_ARGS, mesh=mesh24, n_trials=11,
@@ -220,11 +222,27 @@ def test_the_prediction_summary_judges_each_candidate_by_the_samples_before_it()
     assert prediction_summary(records, None)["judged"] == 0
     # With a margin, only the prediction far over the limit is flagged.
     assert prediction_summary(records, 150, margin=1.3)["flagged"] == 1
-    # Stage 1's own margin is the spread of the ratios seen: 1.25 at #3 and #4
-    # (0.8 to 1.0), so #3 (160 < 187.5) is not flagged and #4 (200) is.
+    # Stage 1's own margin is the square root of the spread of the ratios
+    # seen: 1.118 at #3 and #4 (0.8 to 1.0), so #3 (160 < 167.7) is not
+    # flagged and #4 (200) is.
     assert prediction_summary(records, 150) == {
         "cut_before_compile": 0, "judged": 3, "over": 2, "flagged": 1, "agree": 0,
         "false_cuts": 1, "missed": 2}
+    # 0.8 x 215 = 172 is over 167.7 (the spread itself, 187.5, let it through).
+    records[3] = _record(3, 180, 215)
+    assert prediction_summary(records, 150)["agree"] == 1
+    assert prediction_summary(records, 150, margin=1.25)["agree"] == 0
+
+
+def test_stage_1_cuts_by_the_square_root_of_the_spread():
+    from shardsearch.search.evaluation.evaluate import over_by_prediction, stage_margin
+
+    assert stage_margin((0.5, 1.0, 2.0)) == pytest.approx(2.0)
+    assert stage_margin((1.1, 1.1, 1.1)) == pytest.approx(1.0)
+    # Scaled by the least ratio, 0.5: 100 is not over 50 x 2, 125 is.
+    assert not over_by_prediction(200, (0.5, 1.0, 2.0), 50)
+    assert over_by_prediction(250, (0.5, 1.0, 2.0), 50)
+    assert not over_by_prediction(250, (0.5, 1.0, 2.0), 50, margin=4.0)
 
 
 def test_an_unknown_memory_prediction_is_refused():

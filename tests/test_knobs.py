@@ -584,6 +584,31 @@ def test_the_best_baselines_knob_variants_run_after_the_baselines(mesh8, tmp_pat
     assert "~" not in (config["results"]["best_expert"] or "")
 
 
+def test_a_pinned_best_baseline_is_still_tuned_knob_by_knob(mesh24, tmp_path):
+    """Searching act_batch, the experts run with their activations' batch on
+    their split (`pin_batch`): the best one still gets its remat variants,
+    each keeping that pin (`knob_variants` had returned none for a plan
+    with knobs set)."""
+    workload = get_workload("gpt:tiny")
+    result = ss.optimize(workload, mesh=mesh24, n_trials=8, objective="static",
+                         knobs=("remat", "act_batch"),
+                         storage=f"sqlite:///{tmp_path / 's.db'}", study_name="pinned",
+                         quiet=True, isolate=False, space="rules")
+    order = result.setup.run_order()
+    first = result.trials[:len(order)]
+    best = min((t for t in first if t.outcome.status.value == "complete"),
+               key=lambda t: t.outcome.value)
+    pin = dict(best.knobs)
+    assert list(pin) == ["act_batch"]  # the best expert is pinned
+    variants = result.trials[len(order):len(order) + 2]
+    assert [t.label for t in variants] == [
+        f"{best.label}~remat={r},act_batch={pin['act_batch']}" for r in ("selective", "full")]
+    assert [dict(t.knobs) for t in variants] == [{"remat": r, **pin}
+                                                 for r in ("selective", "full")]
+    assert all((t.state_rule, t.batch_rule) == (best.state_rule, best.batch_rule)
+               for t in variants)
+
+
 def test_after_the_knob_rounds_the_best_plan_moves_its_activation_points(mesh24, tmp_path):
     workload = get_workload("gpt:tiny")
     # 6 baselines, no microbatch variant of fsdp (the best), 5 act_mlp moves:
@@ -645,6 +670,47 @@ class _ScoredRunner:
             self.ran.extend(["search"] * n)
 
 
+def _rounds_setup(mesh, tmp_path, knobs, n_trials):
+    """A gpt:tiny study's setup searching `knobs`, made by a one-trial run
+    without warm-starting, then set to warm-start `n_trials`: what `_search`
+    takes, for a `_ScoredRunner` to follow its rounds."""
+    result = ss.optimize(get_workload("gpt:tiny"), mesh=mesh, n_trials=1, objective="static",
+                         knobs=knobs, warm_start=False, storage=f"sqlite:///{tmp_path / 's.db'}",
+                         study_name="rounds", quiet=True, isolate=False, space="rules")
+    return dataclasses.replace(result.setup, settings=dataclasses.replace(
+        result.setup.settings, n_trials=n_trials, warm_start=True))
+
+
+def test_the_changes_that_helped_a_pinned_expert_are_combined(mesh24, tmp_path):
+    """A pinned expert's variants share its `act_batch`: their changes, not
+    their settings, are combined (two settings that both set act_batch
+    would read as one knob set twice, and nothing would be combined)."""
+    from shardsearch.search.loop import _search
+
+    setup = _rounds_setup(mesh24, tmp_path, ("remat", "microbatches", "act_batch"), 30)
+    knobs, order = setup.context.knobs, list(setup.run_order())
+    assert dict(setup.run_order()["megatron"].knobs) == {"act_batch": "dp"}
+
+    # megatron (the first baseline on act_batch=dp) is the best; selective
+    # remat and two microbatches each help it.
+    def score(setting):
+        return (1.0 - 0.1 * (setting.get("act_batch") == "dp")
+                - 0.02 * (setting.get("remat") == "selective")
+                - 0.01 * (setting.get("microbatches") == 2))
+
+    runner = _ScoredRunner(score)
+    _search(runner, setup, None)
+
+    def label(**values):
+        return "megatron~" + setting_text(knobs.setting({"act_batch": "dp", **values}))
+
+    # 4 rows per device of megatron's dp split: 2 and 4 microbatches.
+    variants = [label(microbatches=2), label(microbatches=4), label(remat="selective"),
+                label(remat="full")]
+    assert runner.ran[len(order):len(order) + 5] == [
+        *variants, label(remat="selective", microbatches=2)]
+
+
 def test_moves_go_on_from_each_better_plan_and_retune_the_other_knobs_there(mesh24, tmp_path):
     """Round after round from each better plan, a tier at a time (from the
     second round the other knobs, then one axis, several, whole), going on
@@ -652,12 +718,7 @@ def test_moves_go_on_from_each_better_plan_and_retune_the_other_knobs_there(mesh
     memory that full remat had saved, and without remat it was 10% faster)."""
     from shardsearch.search.loop import _search
 
-    result = ss.optimize(get_workload("gpt:tiny"), mesh=mesh24, n_trials=1, objective="static",
-                         knobs=("remat", "act_mlp", "act_embed"), warm_start=False,
-                         storage=f"sqlite:///{tmp_path / 's.db'}", study_name="rounds",
-                         quiet=True, isolate=False, space="rules")
-    setup = dataclasses.replace(result.setup, settings=dataclasses.replace(
-        result.setup.settings, n_trials=60, warm_start=True))
+    setup = _rounds_setup(mesh24, tmp_path, ("remat", "act_mlp", "act_embed"), 60)
     knobs = setup.context.knobs
     assert knobs.searched()["act_mlp"] == ("auto", "-", "dp", "tp", "dp,tp", "tp,dp")
 

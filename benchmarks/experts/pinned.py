@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         seen.add(key)
         ctx, workload, mesh = entry_context(suite, entry)
         args = ctx.abstract_args
-        pinned = pin_batch(baseline_candidates(workload, mesh), ctx.builds, ctx.knobs, args,
+        pinned = pin_batch(baseline_candidates(workload, mesh), ctx.builds, args,
                            dict(mesh.shape))
         for label, candidate in pinned.items():
             if label in ("replicated", "default") or not candidate.knobs:

@@ -51,7 +51,7 @@ AUTO = "auto"
 WHOLE = "-"
 # The name of the batch dim of an activation (the residual stream's, and that
 # of every point with one: MaxText's `activation_batch`), which expert plans,
-# and a search's proposals when it chooses no knob, pin to the batch's split
+# and a search's proposals unless it chooses `act_batch`, pin to the batch's split
 # (`search.space.baselines.pin_batch`).
 BATCH = "batch"
 BATCH_KNOB = PREFIX + BATCH

@@ -52,15 +52,19 @@ class Knobs:
         identifiers (they become the factory's keywords and, prefixed
         `knob_`, the search's parameters); values are None, bool, int, float
         or str.
+      held: knobs a setting may set to any of their values but a search
+        never varies (`searched` leaves them out): a pinned plan's
+        `act_batch` where the search chooses other knobs (`holding`).
 
     Raises:
       TypeError: `make_step` is not callable.
       ValueError: a knob with no values, a repeated value, a name that is not
-        an identifier, or a value of another type.
+        an identifier, or a value of another type; a held name not declared.
     """
 
     make_step: Callable[..., Callable[..., Any]]
     choices: Mapping[str, tuple[Any, ...]]
+    held: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not callable(self.make_step):
@@ -87,6 +91,8 @@ class Knobs:
                 raise ValueError(f"{where}: a value is listed twice in {values!r}")
             checked[name] = values
         object.__setattr__(self, "choices", types.MappingProxyType(checked))
+        object.__setattr__(self, "held", tuple(self.held))
+        self._check_declared(self.held)
         object.__setattr__(self, "_steps", {})
 
     @property
@@ -95,8 +101,25 @@ class Knobs:
         return {name: values[0] for name, values in self.choices.items()}
 
     def searched(self) -> dict[str, tuple[Any, ...]]:
-        """The knobs with more than one value: those a search chooses."""
-        return {name: values for name, values in self.choices.items() if len(values) > 1}
+        """The knobs with more than one value and not held: those a search chooses."""
+        return {name: values for name, values in self.choices.items()
+                if len(values) > 1 and name not in self.held}
+
+    def holding(self, name: str, values: Iterable[Any]) -> Knobs:
+        """These knobs with `name` taking `values` (its default first), held:
+        a setting may carry any of them, the search varies none (`held`).
+
+        Example:
+          `Knobs(f, {"remat": ("none", "full"), "act_batch": ("auto",)})
+          .holding("act_batch", ("auto", "dp"))` accepts the setting
+          `(("act_batch", "dp"),)`, and `searched()` is `{"remat": ...}`.
+
+        Raises:
+          ValueError: `name` is not a knob of these.
+        """
+        self._check_declared([name])
+        return Knobs(self.make_step, {**self.choices, name: tuple(values)},
+                     (*(n for n in self.held if n != name), name))
 
     def only(self, names: Iterable[str]) -> Knobs:
         """These knobs as declared, every other one fixed at its default.
@@ -138,7 +161,8 @@ class Knobs:
             return self
         first, *rest = self.choices[name]
         return Knobs(self.make_step, {**self.choices,
-                                      name: (first, *(v for v in rest if keep(v)))})
+                                      name: (first, *(v for v in rest if keep(v)))},
+                     self.held)
 
     def values(self, setting: Setting) -> dict[str, Any]:
         """Every knob's value under `setting` (its defaults filled in)."""

@@ -60,6 +60,12 @@ class UnreadConstraintWarning(ShardsearchWarning):
     that constraint, and lets the value take what the arguments give it."""
 
 
+class UnpinnedBatchWarning(ShardsearchWarning):
+    """The step names a batch activation, but an expert plan runs without its
+    `act_batch` on its batch split (`search.pin_batch`), so XLA's
+    propagation places that batch: no `act_batch` value is the plan's split."""
+
+
 # A note's kind (its text up to the first ":") -> its warning class.
 KINDS: dict[str, type[ShardsearchWarning]] = {
     "unhandled": UnhandledPrimitiveWarning,
@@ -69,6 +75,7 @@ KINDS: dict[str, type[ShardsearchWarning]] = {
     "ungrouped": UngroupedCollectiveWarning,
     "conflict": UserNamesConflictWarning,
     "unread": UnreadConstraintWarning,
+    "unpinned": UnpinnedBatchWarning,
 }
 
 

@@ -23,7 +23,7 @@ import optuna
 from ..base import activations as _activations
 from ..base import mesh as _mesh
 from ..base.interrupts import interruptible, interrupts_deferred, raise_if_signalled
-from ..base.knobs import Knobs
+from ..base.knobs import Knobs, Setting
 from ..base.warnings import ShardsearchWarning, warn_notes
 from .evaluation import evaluate as _evaluate
 from .evaluation.outcome import Outcome
@@ -168,7 +168,7 @@ def optimize(
         candidates with the same knobs showed how XLA's total compares with
         the prediction, cuts before compiling those that, scaled by the
         smallest ratio seen, are over the budget (or the chip's memory) by more
-        than the ratios' spread; "record": predict and
+        than the square root of the ratios' spread; "record": predict and
         record only (`memory["predicted"]`), so every candidate compiles and
         the prediction can be checked against XLA; "off": no prediction.
 
@@ -354,9 +354,9 @@ def _combinations(records: Sequence[TrialRecord], candidate: Candidate, best: Tr
     or at compile that its factory did build was cut for memory (its
     arguments, its prediction or XLA's total over the limit)."""
     ended = {r.label: r.outcome for r in records if r.label in variants}
-    completed = {variants[label].knobs: (o.value, o.memory.get("total"))
+    completed = {_change(knobs, candidate, variants[label]): (o.value, o.memory.get("total"))
                  for label, o in ended.items() if o.status == COMPLETE}
-    over = [variants[label].knobs for label, o in ended.items()
+    over = [_change(knobs, candidate, variants[label]) for label, o in ended.items()
             if o.status == CUT and o.cut_stage in (Stage.CHECK, Stage.COMPILE)
             and not o.reason.startswith(UNBUILDABLE)]
     return knob_combinations(candidate, knobs, (best.outcome.value,
@@ -376,15 +376,18 @@ def _moves_together(records: Sequence[TrialRecord], plan: Candidate, ran: TrialR
     """The moves of `plan` (run as `ran`; a tier of `plan_moves`) that were
     faster than it, together (`knob_combinations`, each move as the one
     change it made)."""
-    own = knobs.values(plan.knobs)
-    completed = {}
-    for r in records:
-        if r.label in moves and r.outcome.status == COMPLETE:
-            moved = knobs.values(moves[r.label].knobs)
-            change = tuple((n, v) for n, v in moved.items() if own[n] != v)
-            completed[change] = (r.outcome.value, r.outcome.memory.get("total"))
+    completed = {_change(knobs, plan, moves[r.label]): (r.outcome.value,
+                                                        r.outcome.memory.get("total"))
+                 for r in records if r.label in moves and r.outcome.status == COMPLETE}
     return knob_combinations(plan, knobs, (ran.outcome.value, ran.outcome.memory.get("total")),
                              completed, ())
+
+
+def _change(knobs: Knobs, plan: Candidate, variant: Candidate) -> Setting:
+    """The knobs `variant` sets otherwise than `plan` (a pinned expert's
+    variants share its `act_batch`, which is no change of theirs)."""
+    own, moved = knobs.values(plan.knobs), knobs.values(variant.knobs)
+    return tuple((n, v) for n, v in moved.items() if own[n] != v)
 
 
 def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:
@@ -582,9 +585,9 @@ class _Runner:
         return self.record(trial, candidate, outcome, start)            # record
 
     def _proposal(self, trial: optuna.Trial) -> Candidate:
-        """The space's candidate for `trial`; where the search chooses no knob,
-        with its activations' batch on its batch split, as the expert plans
-        run (`pinned`)."""
+        """The space's candidate for `trial`; where the search does not choose
+        `act_batch`, with its activations' batch on its batch split, as the
+        expert plans run (`pinned`)."""
         candidate = self.space.suggest(trial)
         if not self.ctx.pins_proposals:
             return candidate

@@ -39,7 +39,7 @@ from .evaluation.context import EXECUTE_TIMEOUT, Context
 from .evaluation.objectives import OBJECTIVES, Objective, get_objective
 from .execution.distributed import Distributed
 from .execution.inprocess import InProcess
-from .space.baselines import baseline_candidates, make_space, pin_batch
+from .space.baselines import baseline_candidates, make_space, pin_batch, pin_notes
 from .space.candidate import Candidate
 from .space.logical import SPACES, group_choices
 from .space.searchspace import SearchSpace
@@ -182,9 +182,10 @@ class StudySetup:
         are checked against.
       study_name: the study's name (given, or derived from the step, mesh,
         objective, shapes and space).
-      notes: what the setup could not read (`base.warnings` notes: the
-        logical axes' unhandled primitives and merges), shown once by
-        `prepare` and stored in the study.
+      notes: what the setup could not read or do (`base.warnings` notes: the
+        logical axes' unhandled primitives and merges, plans whose
+        activations' batch is left unpinned), shown once by `prepare` and
+        stored in the study.
     """
 
     context: Context
@@ -228,8 +229,9 @@ def prepare(ctx: Context, workload: Workload | None, settings: SearchSettings,
     space = make_space(mesh, abstract_args[0], ctx.budget, settings.extra_rules,
                        space=settings.space, step=ctx.step, args=abstract_args,
                        knobs=ctx.knobs)
-    baselines = pin_batch(baseline_candidates(workload, mesh, abstract_args, space.logical),
-                          ctx.builds, ctx.knobs, abstract_args, _mesh.axis_sizes(mesh))
+    experts = baseline_candidates(workload, mesh, abstract_args, space.logical)
+    axis_sizes = _mesh.axis_sizes(mesh)
+    baselines = pin_batch(experts, ctx.builds, abstract_args, axis_sizes)
     reference = _evaluate.resolve(baselines["replicated"], ctx)[0]
     label = workload.name if workload is not None else getattr(ctx.step, "__name__", "step")
     name = settings.study_name or (
@@ -237,6 +239,9 @@ def prepare(ctx: Context, workload: Workload | None, settings: SearchSettings,
         + ("" if space.space == "rules" else f"/{space.space}"))
     notes = space.logical.notes() if space.logical is not None else ()
     warn_notes(notes, where=" (the step's logical axes)", stacklevel=3)
+    unpinned = pin_notes(experts, ctx.builds, abstract_args, axis_sizes)
+    warn_notes(unpinned, where=" (the plans' activations)", stacklevel=3)
+    notes = (*notes, *unpinned)
     return StudySetup(ctx, workload, settings, space, baselines, dict(starts), reference, name,
                       notes)
 
@@ -417,6 +422,7 @@ def make_context(
             else declared)
     knobs = searched_knobs(full if offered else declared, settings.knobs, by_default,
                            places_points=bool(found) and _wants_activations(settings.knobs))
+    knobs = holding_batch(knobs, full)
     builds = buildable(knobs, full, points)
     ctx = Context(step, abstract_args, mesh, None, None, scorer, settings.warmup,
                   settings.repeats, settings.compile_timeout, settings.hardware,
@@ -487,6 +493,19 @@ def searched_knobs(declared: Knobs | None, chosen: bool | tuple[str, ...] | None
     except ValueError as err:
         raise ValueError(f"optimize: {err}") from None
     return knobs if knobs.searched() else None
+
+
+def holding_batch(knobs: Knobs | None, full: Knobs | None) -> Knobs | None:
+    """The knobs a search chooses, with `act_batch` held at all its values
+    (`Knobs.holding`) where it chooses others but not it and the step names
+    a batch activation (`full` has the knob): its expert plans and proposals
+    then carry their pins (`space.baselines.pin_batch`) through the knob
+    rounds, which change each knob of a plan's own setting. `knobs` itself
+    otherwise."""
+    batch = _activations.BATCH_KNOB
+    if knobs is None or full is None or batch not in full.choices or batch in knobs.searched():
+        return knobs
+    return full.only(knobs.searched()).holding(batch, full.choices[batch])
 
 
 def buildable(knobs: Knobs | None, full: Knobs | None, points: Mapping[str, Any]

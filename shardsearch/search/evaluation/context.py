@@ -68,7 +68,10 @@ class Context:
         Its chip names the default hardware model, and its compiler's
         verdict on memory is final.
       knobs: the step's knobs (`base.knobs.Knobs`) the search chooses, or
-        None. In the study process only: a worker gets steps, not factories.
+        None; `act_batch` held (not chosen, set by the pins) where the search
+        chooses others and the step names a batch activation
+        (`setup.holding_batch`). In the study process only: a worker gets
+        steps, not factories.
       builds: every knob setting the study builds steps for: `knobs`, and the
         activation knobs of the step's named points whether the search
         chooses them or not (the expert plans pin the batch's:
@@ -122,9 +125,11 @@ class Context:
     @property
     def pins_proposals(self) -> bool:
         """Whether the search runs its proposals with their activations' batch
-        on their batch split (`space.baselines.pinned`): it chooses no knob
-        and the step names a batch activation."""
-        return self.knobs is None and self.builds is not None and BATCH_KNOB in self.builds.choices
+        on their batch split (`space.baselines.pinned`): the step names a
+        batch activation and the search does not choose `act_batch` (it
+        chooses no knob, or holds `act_batch`: `Knobs.held`)."""
+        return (self.builds is not None and BATCH_KNOB in self.builds.choices
+                and (self.knobs is None or BATCH_KNOB not in self.knobs.searched()))
 
     def with_setting(self, setting: Setting) -> Context:
         """This context with the step built for another knob setting.

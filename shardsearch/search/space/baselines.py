@@ -23,7 +23,7 @@ from ...base import spec as _spec
 from ...base import tree as _tree
 from ...base.activations import BATCH_KNOB, PREFIX
 from ...base.knobs import Knobs
-from ...base.warnings import ShardsearchWarning
+from ...base.warnings import ShardsearchWarning, note
 from ...logical.axes import LogicalAxes
 from ...plan.reader import load_start
 from ...rules.auto import AutoShardingRule
@@ -112,8 +112,7 @@ UNPINNED = ("replicated", "default")
 
 
 def pin_batch(baselines: Mapping[str, Candidate], builds: Knobs | None,
-              searched: Knobs | None, args: Sequence[Any],
-              axis_sizes: Mapping[str, int]) -> dict[str, Candidate]:
+              args: Sequence[Any], axis_sizes: Mapping[str, int]) -> dict[str, Candidate]:
     """The expert plans as their authors write them: each with the batch dim
     of the step's named activations (`act_batch`) on the mesh axes that split
     its batch, as MaxText's `activation_batch` rule or a
@@ -130,9 +129,6 @@ def pin_batch(baselines: Mapping[str, Candidate], builds: Knobs | None,
     Args:
       baselines: by label (`baseline_candidates`).
       builds: every setting the study builds (`Context.builds`).
-      searched: the knobs the search chooses (`Context.knobs`): when it
-        chooses some but not `act_batch`, its knob rounds cannot carry the
-        pin, and the plans are left as they are.
       args: `(state, *batch)`, abstract.
       axis_sizes: the mesh's axes.
 
@@ -141,12 +137,38 @@ def pin_batch(baselines: Mapping[str, Candidate], builds: Knobs | None,
       when the step names no batch activation, the plan does not split the
       batch, or no `act_batch` value is that split (its axes in that order).
     """
-    if (builds is None or BATCH_KNOB not in builds.choices
-            or (searched is not None and BATCH_KNOB not in searched.searched())):
+    if builds is None or BATCH_KNOB not in builds.choices:
         return dict(baselines)
     return {label: candidate if label in UNPINNED else pinned(candidate, builds, args,
                                                               axis_sizes)
             for label, candidate in baselines.items()}
+
+
+def pin_notes(baselines: Mapping[str, Candidate], builds: Knobs | None,
+              args: Sequence[Any], axis_sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """What `pin_batch` left to XLA's propagation, for a step that names a
+    batch activation: each expert plan whose batch is split over axes no
+    `act_batch` value names, in one `"unpinned: ..."` note
+    (`base.warnings.UnpinnedBatchWarning`); `()` when there is none.
+
+    Example:
+      an `act_batch` without `"dp,tp"` on a dp=2,tp=4 mesh →
+      `("unpinned: no act_batch value names the batch split of dp (batch over dp,tp), ...",)`
+    """
+    if builds is None or BATCH_KNOB not in builds.choices:
+        return ()
+    values = builds.choices[BATCH_KNOB]
+    left = []
+    for label, candidate in baselines.items():
+        split = _batch_split(candidate, args, axis_sizes)
+        if label not in UNPINNED and split and split not in values:
+            left.append(f"{label} (batch over {split})")
+    if not left:
+        return ()
+    return (note("unpinned", (
+        f"no {BATCH_KNOB} value names the batch split of {', '.join(left)}: its activations' "
+        f"batch is left to XLA's propagation ({BATCH_KNOB} offers {', '.join(values)}: the "
+        "groups of mesh axes that divide the batch of every named activation)")),)
 
 
 def pinned(candidate: Candidate, builds: Knobs | None, args: Sequence[Any],
@@ -154,19 +176,25 @@ def pinned(candidate: Candidate, builds: Knobs | None, args: Sequence[Any],
     """`candidate` with `act_batch` on the mesh axes that split its batch
     (`pin_batch`); itself when the step names no batch activation
     (`builds` declares no `act_batch`), the batch is not split, or no
-    `act_batch` value is that split. A search that chooses no knob pins its
-    proposals so too (`loop._Runner._proposal`): left to XLA, a proposal's
+    `act_batch` value is that split. A search that does not choose
+    `act_batch` pins its proposals so too (`loop._Runner._proposal`): left to XLA, a proposal's
     program could hold the whole batch where stage 1's prediction and the
     experts keep it split (on cpu-static64's 16 GiB entries 49-70% of trial
     time went to candidates XLA then cut for memory; pinned, 19-26%)."""
     if builds is None or BATCH_KNOB not in builds.choices:
         return candidate
-    axes = candidate.batch_axes(args)[1]
-    value = ",".join(a for a in axes if axis_sizes.get(a, 1) > 1)
+    value = _batch_split(candidate, args, axis_sizes)
     if not value or value not in builds.choices[BATCH_KNOB]:
         return candidate
     return dataclasses.replace(candidate,
                                knobs=builds.setting({**dict(candidate.knobs), BATCH_KNOB: value}))
+
+
+def _batch_split(candidate: Candidate, args: Sequence[Any], axis_sizes: Mapping[str, int]
+                 ) -> str:
+    """The mesh axes that split `candidate`'s batch, as an `act_batch` value
+    names them (`"dp,tp"`; axes of size 1 left out); `""` when none do."""
+    return ",".join(a for a in candidate.batch_axes(args)[1] if axis_sizes.get(a, 1) > 1)
 
 
 # A start plan's label: this prefix, then its file's name without ".json".

@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ...base.activations import BATCH_KNOB, WHOLE
 from ...base.activations import PREFIX as ACTIVATION_KNOB
-from ...base.activations import WHOLE
 from ...base.knobs import GRAD_GROUPS, MICROBATCHES, Knobs, Setting, setting_text
 from ...base.spec import entry_axes
 from ...base.tree import leaf_shape, specs_for_leaves
@@ -28,7 +28,7 @@ class Candidate:
         `(name, value)` pairs (`base.knobs.Knobs.setting`): the step this
         candidate compiles is `knobs.step(candidate.knobs)`. `()`: the step
         as given. Where the step names activations, the expert baselines,
-        and a search's proposals when it chooses no knob, set `act_batch`
+        and a search's proposals unless it chooses `act_batch`, set it
         (`baselines.pin_batch`, `baselines.pinned`).
       readable: the parameters that are codes, decoded, as `(name, text)`
         pairs: `(("auto_order", "tp,dp"), ("priority", "auto,memory"))` for
@@ -132,18 +132,20 @@ def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = 
     divide each device's rows are tried, as a person picks them: a slice of
     384 rows over 256 devices is 1.5 rows each, which XLA pads and moves
     between devices (the 16B v5e row: four microbatches estimated 13.6 s,
-    two 7.95 s).
+    two 7.95 s). An expert plan pinned to its batch split
+    (`act_batch`, `baselines.pin_batch`) keeps its pin in every variant.
 
     Example:
       `knob_variants(fsdp, Knobs(f, {"remat": ("full", "none")}))` →
       `{"fsdp~remat=none": Candidate(fsdp's rules, knobs=(("remat", "none"),))}`
     """
-    if candidate.knobs:
+    own = dict(candidate.knobs)
+    if set(own) - {BATCH_KNOB}:
         return {}
     out = {}
 
     def add(values: dict[str, Any]) -> None:
-        variant = _with_knobs(candidate, knobs.setting(values))
+        variant = _with_knobs(candidate, knobs.setting({**own, **values}))
         out[variant.label] = variant
 
     searched = knobs.searched()

@@ -192,13 +192,15 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
       `repeats`, and `host` (the machine's name): step times from two
       machines are not comparable.
     - When the search chooses the step's knobs (`ctx.knobs`): `knobs`, each
-      knob with its values, default first ("microbatches=1|2;remat=full|none"):
-      a trial's setting means another step under other defaults.
-    - When it chooses none and the step names a batch activation:
-      `proposals`, "act_batch=batch split": each proposal runs with its
-      activations' batch on its batch split (`space.baselines.pinned`), so
-      its parameters mean another program than in a study searched before
-      proposals were pinned (2026-12-06).
+      knob with its values, default first ("microbatches=1|2;remat=full|none"),
+      a held one (`Knobs.held`) left out: a trial's setting means another
+      step under other defaults.
+    - When it does not choose `act_batch` and the step names a batch
+      activation: `proposals`, "act_batch=batch split": each proposal runs
+      with its activations' batch on its batch split
+      (`space.baselines.pinned`), so its parameters mean another program
+      than in a study searched before proposals were pinned (2026-12-06; in
+      a search of other knobs, later that day).
     """
     out: list[tuple[str, Any]] = [("budget", ctx.budget)]
     if ctx.objective.uses_hardware:
@@ -220,8 +222,9 @@ def trial_values(ctx: Context) -> tuple[tuple[str, Any], ...]:
                 ("host", socket.gethostname())]
     if ctx.knobs is not None:
         out.append(("knobs", ";".join(f"{name}=" + "|".join(map(str, values))
-                                      for name, values in ctx.knobs.choices.items())))
-    elif ctx.pins_proposals:
+                                      for name, values in ctx.knobs.choices.items()
+                                      if name not in ctx.knobs.held)))
+    if ctx.pins_proposals:
         out.append(("proposals", f"{BATCH_KNOB}=batch split"))
     return tuple(out)
 

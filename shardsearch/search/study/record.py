@@ -235,8 +235,8 @@ def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
     stage 1 would have judged it then: its prediction times the least ratio
     of XLA's total to the prediction among the compiled candidates before it
     with the same knobs, once there are `PREDICTION_SAMPLES` of them, over
-    the limit times `margin` (None: stage 1's, the spread of those ratios;
-    `evaluation.evaluate.over_by_prediction`). With
+    the limit times `margin` (None: stage 1's, the square root of the spread
+    of those ratios; `evaluation.evaluate.stage_margin`). With
     `memory_prediction="record"` nothing was cut on it, so every candidate
     the rule would have cut was compiled and `false_cuts` counts those XLA
     said fit; with "cut" those were cut instead (`cut_before_compile`) and
