@@ -383,7 +383,7 @@ def test_when_no_baseline_fits_the_one_closest_to_fitting_is_tuned():
     from types import SimpleNamespace
 
     from shardsearch.search.evaluation.stages import COMPLETE, CUT, Stage
-    from shardsearch.search.loop import variant_base
+    from shardsearch.search.loop import variant_bases
 
     def record(label, status, stage=None, total=None, value=None):
         memory = {} if total is None else {"total": total}
@@ -396,10 +396,11 @@ def test_when_no_baseline_fits_the_one_closest_to_fitting_is_tuned():
             record("fsdp", CUT, Stage.COMPILE, 40_853_607_936),
             record("fsdp_tp", CUT, Stage.COMPILE),  # refused with no figure
             record("search", CUT, Stage.COMPILE, 1)]  # not a baseline
-    assert variant_base(over, order).label == "fsdp"
+    assert [r.label for r in variant_bases(over, order)] == ["fsdp"]
     done = [*over, record("fsdp_tp", COMPLETE, value=2.0), record("default", COMPLETE, value=1.0)]
-    assert variant_base(done, order).label == "default"  # the fastest that completed
-    assert variant_base(over[:1], order) is None
+    # The fastest that completed.
+    assert [r.label for r in variant_bases(done, order)] == ["default"]
+    assert variant_bases(over[:1], order) == []
 
 
 def test_a_knob_setting_the_factory_refuses_is_cut_before_compiling(mesh8, tmp_path):
@@ -649,11 +650,12 @@ def test_after_the_knob_rounds_the_best_plan_moves_its_activation_points(mesh24,
 
 class _ScoredRunner:
     """Stands in for the loop's runner in `_search`: runs candidates in the
-    order given and scores each by `score(knobs)` (no compile), so the
-    rounds' order can be followed exactly."""
+    order given and scores each by `score(knobs)` (no compile), plus its
+    plan's `offsets` entry (by the label before "~"), so the rounds' order
+    can be followed exactly."""
 
-    def __init__(self, score):
-        self.score, self.records, self.ran = score, [], []
+    def __init__(self, score, offsets=None):
+        self.score, self.offsets, self.records, self.ran = score, offsets or {}, [], []
 
     def run(self, candidates, n, timeout, roster):
         from shardsearch.search.evaluation.outcome import Outcome
@@ -661,7 +663,8 @@ class _ScoredRunner:
 
         for label, candidate in list(candidates.items())[:n]:
             self.ran.append(label)
-            outcome = Outcome(label, "complete", None, value=self.score(dict(candidate.knobs)))
+            value = self.score(dict(candidate.knobs)) + self.offsets.get(label.split("~")[0], 0)
+            outcome = Outcome(label, "complete", None, value=value)
             self.records.append(TrialRecord(len(self.records), label, {}, outcome,
                                             candidate.state_rule.to_config(),
                                             candidate.batch_rule.to_config(), 0.0,
@@ -698,7 +701,8 @@ def test_the_changes_that_helped_a_pinned_expert_are_combined(mesh24, tmp_path):
                 - 0.02 * (setting.get("remat") == "selective")
                 - 0.01 * (setting.get("microbatches") == 2))
 
-    runner = _ScoredRunner(score)
+    # fsdp_tp, also on act_batch=dp, just behind: no tie.
+    runner = _ScoredRunner(score, {"fsdp_tp": 0.01})
     _search(runner, setup, None)
 
     def label(**values):
@@ -709,6 +713,47 @@ def test_the_changes_that_helped_a_pinned_expert_are_combined(mesh24, tmp_path):
                 label(remat="full")]
     assert runner.ran[len(order):len(order) + 5] == [
         *variants, label(remat="selective", microbatches=2)]
+
+
+def test_expert_plans_tied_with_the_best_are_tuned_too(mesh24, tmp_path):
+    """The 64B v5p row: pinned FSDP beat FSDP×TP by 7 parts per million, so
+    only FSDP's knobs were tuned, and the winner fell from 1.24x (FSDP×TP
+    with 4 microbatches) to 1.15x. Every expert plan within `TIE` of the
+    best gets its variants; the combinations of the base whose best plan is
+    now the fastest run first."""
+    from shardsearch.search.loop import TIE, _search
+
+    setup = _rounds_setup(mesh24, tmp_path, ("remat", "microbatches"), 40)
+    knobs, order = setup.context.knobs, list(setup.run_order())
+    pins = {label: dict(c.knobs)["act_batch"] for label, c in setup.run_order().items()
+            if c.knobs}
+    assert pins == {"dp": "dp,tp", "fsdp": "dp,tp", "megatron": "dp", "fsdp_tp": "dp"}
+
+    # fsdp is the best, megatron within TIE of it, fsdp_tp just outside.
+    # Selective remat helps every plan, two microbatches more (only plans
+    # splitting the batch over dp alone have the rows for them).
+    offsets = {"replicated": 1.0, "default": 0.5, "dp": 0.2, "fsdp": 0.0,
+               "megatron": TIE / 2, "fsdp_tp": 2 * TIE}
+
+    def score(setting):
+        return (1.0 - 0.02 * (setting.get("remat") == "selective")
+                - 0.03 * (setting.get("microbatches") == 2))
+
+    runner = _ScoredRunner(score, offsets)
+    _search(runner, setup, None)
+
+    def label(plan, **values):
+        return f"{plan}~" + setting_text(knobs.setting({"act_batch": pins[plan], **values}))
+
+    assert runner.ran[:len(order)] == order
+    assert runner.ran[len(order):len(order) + 7] == [
+        # fsdp's variants: one row per device, so no microbatches.
+        label("fsdp", remat="selective"), label("fsdp", remat="full"),
+        label("megatron", microbatches=2), label("megatron", microbatches=4),
+        label("megatron", remat="selective"), label("megatron", remat="full"),
+        # megatron's two changes together (fsdp's one has nothing to join).
+        label("megatron", remat="selective", microbatches=2)]
+    assert not any(r.startswith("fsdp_tp~") for r in runner.ran[:len(order) + 7])
 
 
 def test_moves_go_on_from_each_better_plan_and_retune_the_other_knobs_there(mesh24, tmp_path):
@@ -729,10 +774,10 @@ def test_moves_go_on_from_each_better_plan_and_retune_the_other_knobs_there(mesh
         return (1.0 - 0.1 * (mlp == "tp") - 0.05 * (mlp == "tp" and full)
                 - 0.02 * (mlp == "tp" and full and embed == "dp"))
 
-    runner = _ScoredRunner(score)
-    _search(runner, setup, None)
     order = list(setup.run_order())
-    root = order[0]  # every baseline scores alike: the first is the best
+    root = order[0]  # ahead of every other baseline by more than a tie
+    runner = _ScoredRunner(score, {label: 0.01 for label in order[1:]})
+    _search(runner, setup, None)
 
     def labels(fixed, *changes):
         return [f"{root}~{setting_text(knobs.setting({**fixed, name: value}))}"

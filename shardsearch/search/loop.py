@@ -34,7 +34,7 @@ from .finish import finish
 from .result import OptimizeResult
 from .setup import SearchSettings, StudySetup, make_context, prepare, start_executor
 from .shapes import search_shapes
-from .space.baselines import pinned, start_candidates, tensor_axes
+from .space.baselines import UNPINNED, pinned, start_candidates, tensor_axes
 from .space.candidate import (
     UNBUILDABLE,
     Candidate,
@@ -255,10 +255,11 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
     """The trials: the baselines in order, then the searched ones.
 
     When the search chooses the step's knobs, the best baseline's knob
-    variants (`knob_variants`: each knob changed alone) run between the two:
-    the plans people trust, tuned one knob at a time as they would tune
-    them, which the sampler's first random trials would rarely reach. Then
-    their combinations (`knob_combinations`): the changes that helped alone,
+    variants (`knob_variants`: each knob changed alone) run between the two,
+    and those of every expert plan tied with it (`variant_bases`): the plans
+    people trust, tuned one knob at a time as they would tune them, which
+    the sampler's first random trials would rarely reach. Then their
+    combinations (`knob_combinations`): the changes that helped alone,
     together, and the ones over the memory limit with a change that saves
     memory. Then, from the best plan so far, each activation point moved
     alone (`plan_moves`: to one axis, to several, kept whole, a tier at a
@@ -283,13 +284,14 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
 
     first = min(len(order), settings.n_trials)
     runner.run(order, first, settings.timeout, roster)
-    best = variant_base(runner.records, order)
     mesh = setup.context.mesh
-    variants: dict[str, Candidate] = {}
-    if best is not None:
-        rows, devices = order[best.label].batch_split(setup.context.abstract_args,
+    bases = variant_bases(runner.records, order)
+    variants: dict[str, dict[str, Candidate]] = {}
+    for base in bases:
+        rows, devices = order[base.label].batch_split(setup.context.abstract_args,
                                                       _mesh.axis_sizes(mesh))
-        variants = knob_variants(order[best.label], knobs, tensor_axes(mesh), devices, rows)
+        variants[base.label] = knob_variants(order[base.label], knobs, tensor_axes(mesh),
+                                             devices, rows)
     left = settings.n_trials - first
     known: dict[str, Candidate] = dict(order)
 
@@ -301,10 +303,14 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
             runner.run(candidates, now, time_left(), roster)
             left -= now
 
-    if variants:
-        run(variants)
+    for base in bases:
+        run(variants[base.label])
+    # Each base's changes that helped, together: first those of the base
+    # whose best plan (itself or a variant) is now the fastest.
+    for base in sorted(bases, key=lambda b: _best_of(runner.records, b, variants[b.label])):
         if left:
-            run(_combinations(runner.records, order[best.label], best, variants, knobs))
+            run(_combinations(runner.records, order[base.label], base, variants[base.label],
+                              knobs))
     moved_from: set[str] = set()
     while left:
         # Again from each new best plan, while a round of moves finds one.
@@ -331,19 +337,43 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
         runner.run({}, left, time_left(), roster)
 
 
-def variant_base(records: Sequence[TrialRecord], order: Mapping[str, Candidate]
-                 ) -> TrialRecord | None:
-    """The baseline whose knob variants run: the fastest that completed, or,
-    when none did (none fits), the one closest to fitting: the least XLA
-    total among those compiled and cut over the memory limit, which a person
-    would tune with microbatches or remat before giving up on it (the 22B v4
-    row: every expert plan over 32 GiB by 6 GiB). None when neither exists."""
+# Expert plans within this share of the fastest baseline's value tie with
+# it: each gets its knob variants (`variant_bases`).
+TIE = 1e-3
+
+
+def variant_bases(records: Sequence[TrialRecord], order: Mapping[str, Candidate]
+                  ) -> list[TrialRecord]:
+    """The baselines whose knob variants run: the fastest that completed and
+    every expert plan (not `UNPINNED`) that ties with it (within `TIE`),
+    fastest first. Which of two tied plans is faster says nothing of which
+    tunes better: on the 64B v5p row, pinned FSDP beat FSDP×TP by 7 parts
+    per million, and its variants (3 microbatches of its 4 rows per device)
+    reached 1.15x the published plan where FSDP×TP's had reached 1.24x.
+    When none completed (none fits), the one closest to fitting: the least
+    XLA total among those compiled and cut over the memory limit, which a
+    person would tune with microbatches or remat before giving up on it (the
+    22B v4 row: every expert plan over 32 GiB by 6 GiB). Empty when neither
+    exists."""
     fastest = _incumbent(records, order)
     if fastest is not None:
-        return fastest
+        tied = sorted((r for r in records if r.label in order and r.label not in UNPINNED
+                       and r.label != fastest.label and r.outcome.status == COMPLETE
+                       and r.outcome.value <= fastest.outcome.value * (1 + TIE)),
+                      key=lambda r: r.outcome.value)
+        return [fastest, *tied]
     over = [r for r in records if r.label in order and r.outcome.status == CUT
             and r.outcome.cut_stage == Stage.COMPILE and r.outcome.memory.get("total")]
-    return min(over, key=lambda r: r.outcome.memory["total"], default=None)
+    return [min(over, key=lambda r: r.outcome.memory["total"])] if over else []
+
+
+def _best_of(records: Sequence[TrialRecord], base: TrialRecord,
+             variants: Mapping[str, Candidate]) -> float:
+    """The best value of `base` and its variants that completed (infinite
+    when none did: a base closest to fitting)."""
+    values = [r.outcome.value for r in (base, *records)
+              if (r is base or r.label in variants) and r.outcome.status == COMPLETE]
+    return min(values, default=float("inf"))
 
 
 def _combinations(records: Sequence[TrialRecord], candidate: Candidate, best: TrialRecord,
