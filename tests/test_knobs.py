@@ -401,6 +401,14 @@ def test_when_no_baseline_fits_the_one_closest_to_fitting_is_tuned():
     # The fastest that completed.
     assert [r.label for r in variant_bases(done, order)] == ["default"]
     assert variant_bases(over[:1], order) == []
+    # An expert plan within TIE of the fastest ties with it, whatever the
+    # sign of the values (an objective may score negative); the default
+    # plan is no expert's and is not tuned for a tie.
+    tied = [*over, record("fsdp", COMPLETE, value=-2.0), record("fsdp_tp", COMPLETE, value=-1.999),
+            record("default", COMPLETE, value=-1.9999)]
+    assert [r.label for r in variant_bases(tied, order)] == ["fsdp", "fsdp_tp"]
+    apart = [*over, record("fsdp", COMPLETE, value=2.0), record("fsdp_tp", COMPLETE, value=2.01)]
+    assert [r.label for r in variant_bases(apart, order)] == ["fsdp"]
 
 
 def test_a_knob_setting_the_factory_refuses_is_cut_before_compiling(mesh8, tmp_path):

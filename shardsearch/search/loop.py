@@ -359,7 +359,8 @@ def variant_bases(records: Sequence[TrialRecord], order: Mapping[str, Candidate]
     if fastest is not None:
         tied = sorted((r for r in records if r.label in order and r.label not in UNPINNED
                        and r.label != fastest.label and r.outcome.status == COMPLETE
-                       and r.outcome.value <= fastest.outcome.value * (1 + TIE)),
+                       and r.outcome.value - fastest.outcome.value
+                       <= TIE * abs(fastest.outcome.value)),
                       key=lambda r: r.outcome.value)
         return [fastest, *tied]
     over = [r for r in records if r.label in order and r.outcome.status == CUT
