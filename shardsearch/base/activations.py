@@ -57,6 +57,12 @@ BATCH = "batch"
 BATCH_KNOB = PREFIX + BATCH
 
 
+def names_batch(knobs: Knobs | None) -> bool:
+    """Whether `knobs` (a step's, as built) carry `act_batch`: the step names
+    a batch activation, which plans may pin to their batch split."""
+    return knobs is not None and BATCH_KNOB in knobs.choices
+
+
 @dataclasses.dataclass(frozen=True)
 class _Active:
     rules: Mapping[str, Entry]

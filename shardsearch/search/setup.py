@@ -503,7 +503,7 @@ def holding_batch(knobs: Knobs | None, full: Knobs | None) -> Knobs | None:
     rounds, which change each knob of a plan's own setting. `knobs` itself
     otherwise."""
     batch = _activations.BATCH_KNOB
-    if knobs is None or full is None or batch not in full.choices or batch in knobs.searched():
+    if knobs is None or not _activations.names_batch(full) or batch in knobs.searched():
         return knobs
     return full.only(knobs.searched()).holding(batch, full.choices[batch])
 

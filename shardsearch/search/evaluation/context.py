@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from ...base.activations import BATCH_KNOB
+from ...base.activations import BATCH_KNOB, names_batch
 from ...base.analyzer import ShardingAnalyzer
 from ...base.knobs import Knobs, Setting, setting_text
 from ...base.target import Target
@@ -128,7 +128,7 @@ class Context:
         on their batch split (`space.baselines.pinned`): the step names a
         batch activation and the search does not choose `act_batch` (it
         chooses no knob, or holds `act_batch`: `Knobs.held`)."""
-        return (self.builds is not None and BATCH_KNOB in self.builds.choices
+        return (names_batch(self.builds)
                 and (self.knobs is None or BATCH_KNOB not in self.knobs.searched()))
 
     def with_setting(self, setting: Setting) -> Context:

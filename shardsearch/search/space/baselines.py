@@ -21,7 +21,7 @@ import numpy as np
 from ...base import mesh as _mesh
 from ...base import spec as _spec
 from ...base import tree as _tree
-from ...base.activations import BATCH_KNOB, PREFIX
+from ...base.activations import BATCH_KNOB, PREFIX, names_batch
 from ...base.knobs import Knobs
 from ...base.warnings import ShardsearchWarning, note
 from ...logical.axes import LogicalAxes
@@ -137,7 +137,7 @@ def pin_batch(baselines: Mapping[str, Candidate], builds: Knobs | None,
       when the step names no batch activation, the plan does not split the
       batch, or no `act_batch` value is that split (its axes in that order).
     """
-    if builds is None or BATCH_KNOB not in builds.choices:
+    if not names_batch(builds):
         return dict(baselines)
     return {label: candidate if label in UNPINNED else pinned(candidate, builds, args,
                                                               axis_sizes)
@@ -155,7 +155,7 @@ def pin_notes(baselines: Mapping[str, Candidate], builds: Knobs | None,
       an `act_batch` without `"dp,tp"` on a dp=2,tp=4 mesh →
       `("unpinned: no act_batch value names the batch split of dp (batch over dp,tp), ...",)`
     """
-    if builds is None or BATCH_KNOB not in builds.choices:
+    if not names_batch(builds):
         return ()
     values = builds.choices[BATCH_KNOB]
     left = []
@@ -181,7 +181,7 @@ def pinned(candidate: Candidate, builds: Knobs | None, args: Sequence[Any],
     program could hold the whole batch where stage 1's prediction and the
     experts keep it split (on cpu-static64's 16 GiB entries 49-70% of trial
     time went to candidates XLA then cut for memory; pinned, 19-26%)."""
-    if builds is None or BATCH_KNOB not in builds.choices:
+    if not names_batch(builds):
         return candidate
     value = _batch_split(candidate, args, axis_sizes)
     if not value or value not in builds.choices[BATCH_KNOB]:
