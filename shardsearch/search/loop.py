@@ -372,8 +372,8 @@ def _best_of(records: Sequence[TrialRecord], base: TrialRecord,
              variants: Mapping[str, Candidate]) -> float:
     """The best value of `base` and its variants that completed (infinite
     when none did: a base closest to fitting)."""
-    values = [r.outcome.value for r in (base, *records)
-              if (r is base or r.label in variants) and r.outcome.status == COMPLETE]
+    ran = [base, *(r for r in records if r.label in variants)]
+    values = [r.outcome.value for r in ran if r.outcome.status == COMPLETE]
     return min(values, default=float("inf"))
 
 
