@@ -173,8 +173,9 @@ def test_a_search_cuts_before_compiling_what_xla_would_have_cut(mesh24, tmp_path
     # Replicated, default and dp calibrate (XLA needs 0.53-0.75 of the
     # prediction); past them, candidates that leave the batch whole are
     # predicted at ~34 MB, which scaled (x0.53) is over 12 MB by more than the
-    # square root of the ratios' spread (1.41). n_trials=11: the searched trials are the sampler's
-    # seeded start-up ones, the same in both runs.
+    # square root of the ratios' spread (1.19, of 1.41). n_trials=11: the
+    # searched trials are the sampler's seeded start-up ones, the same in
+    # both runs.
     budget = 12_000_000
     runs = {mode: ss.optimize(_wide_step, WIDE_ARGS, mesh=mesh24, n_trials=11,
                               objective="static", memory_budget=budget,
