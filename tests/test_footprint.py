@@ -6,6 +6,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import optuna
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -233,6 +234,37 @@ def test_the_prediction_summary_judges_each_candidate_by_the_samples_before_it()
     records[3] = _record(3, 180, 215)
     assert prediction_summary(records, 150)["agree"] == 1
     assert prediction_summary(records, 150, margin=1.25)["agree"] == 0
+
+
+def test_candidates_apart_only_in_where_activations_go_calibrate_each_other():
+    placed = (("act_batch", "dp"),)
+    records = [_record(0, 100, 100, placed),
+               _record(1, 80, 100, (*placed, ("act_mlp", "tp"))),
+               _record(2, 90, 100, (("act_batch", "dp,tp"), ("act_embed", "tp"))),
+               # Its points are none of the above's, its pool theirs: judged
+               # (0.8 x 200 = 160 > 150) and XLA agrees.
+               _record(3, 170, 200, (("act_batch", "tp"), ("act_heads", "dp"))),
+               # The batch left to XLA ("auto" or not named), or other step
+               # knobs: other pools, with no samples before them.
+               _record(4, 500, 100, (("act_mlp", "tp"),)),
+               _record(5, 500, 100, (("act_batch", "auto"),)),
+               _record(6, 500, 100, (*placed, ("remat", "full")))]
+    assert prediction_summary(records, 150, margin=1.0) == {
+        "cut_before_compile": 0, "judged": 1, "over": 1, "flagged": 1, "agree": 1,
+        "false_cuts": 0, "missed": 0}
+    # Stage 1 reads the same pools off the study's trials.
+    from shardsearch.search.study import attrs
+    from shardsearch.search.study.record import memory_ratios
+
+    trials = [optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE, value=1.0,
+        user_attrs={attrs.OUTCOME: r.outcome.to_json(), attrs.KNOBS: dict(r.knobs)})
+        for r in records]
+    assert memory_ratios(trials, (("act_batch", "fsdp"), ("act_seq", "tp"))) == (
+        1.0, 0.8, 0.9, 0.85)
+    assert memory_ratios(trials, ()) == memory_ratios(trials, (("act_mlp", "dp"),)) == (5.0, 5.0)
+    assert memory_ratios(trials, (("remat", "full"), ("act_batch", "tp"))) == (5.0,)
+    assert memory_ratios(trials, (("remat", "none"),)) == ()
 
 
 def test_stage_1_cuts_by_the_square_root_of_the_spread():

@@ -7,8 +7,10 @@ RESULTS is a `shardsearch bench --out` folder holding `<SUITE>/studies.db` and
 compiled (its total is recorded) is predicted again from its stored rules with
 the current predictor (`shardsearch.search.predict_footprint`; nothing
 compiles), and judged as stage 1 judges, in trial order: its prediction times
-the least ratio XLA total / prediction of the candidates before it with the
-same knobs (once there are three), against the entry's budget times the
+the least ratio XLA total / prediction of the candidates before it in its
+pool (the same knobs until 2026-12-07; since, the same step knobs and batch
+placement, `shardsearch.search.evaluation.evaluate.prediction_pool`; once
+there are three), against the entry's budget times the
 margin: stage 1's own (the square root of the spread of those ratios, largest
 over least, since 2026-12-06; the spread itself before, in the reports made
 then), and

@@ -165,8 +165,9 @@ def optimize(
       memory_prediction: "cut" (default): stage 1 predicts each candidate's
         bytes per device from the step's jaxpr (`cost.footprint`: arguments
         and live values under its specs and knobs), and once three compiled
-        candidates with the same knobs showed how XLA's total compares with
-        the prediction, cuts before compiling those that, scaled by the
+        candidates with the same step knobs and batch placement
+        (`evaluation.evaluate.prediction_pool`) showed how XLA's total
+        compares with the prediction, cuts before compiling those that, scaled by the
         smallest ratio seen, are over the budget (or the chip's memory) by more
         than the square root of the ratios' spread; "record": predict and
         record only (`memory["predicted"]`), so every candidate compiles and

@@ -37,7 +37,7 @@ import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -45,6 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ...base.activations import AUTO, BATCH_KNOB
+from ...base.activations import PREFIX as ACT_PREFIX
 from ...base.knobs import setting_text
 from ...base.mesh import axis_sizes
 from ...base.monitor import create_monitored_function
@@ -124,7 +126,8 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
 
     Args:
       ratios: XLA's total over the prediction, for the study's compiled
-        candidates with this knob setting (`study.record.memory_ratios`). With
+        candidates of this one's pool (`prediction_pool`,
+        `study.record.memory_ratios`). With
         `PREDICTION_SAMPLES` of them or more, a candidate whose prediction times
         the smallest is over the memory limit by more than the square root of
         their spread is cut here (`over_by_prediction`): it would need more
@@ -158,7 +161,8 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
             f"{PREDICTED} to need {int(predicted * scale)} bytes per device "
             f"(its arguments and the step's live values, {predicted}, times {scale:.2f}: "
             f"the least XLA needed per predicted byte among the study's {len(ratios)} "
-            f"compiled candidates with these knobs), over {_limit_text(ctx, limit)} "
+            "compiled candidates with its step knobs and batch placement), "
+            f"over {_limit_text(ctx, limit)} "
             f"by more than {stage_margin(ratios):.2f}x (the square root of those ratios' "
             "spread)",
             memory=memory), memory
@@ -180,6 +184,30 @@ def over_by_prediction(predicted: int, ratios: Sequence[float], limit: int,
     """
     margin = stage_margin(ratios) if margin is None else margin
     return predicted * min(ratios) > limit * margin
+
+
+def prediction_pool(setting: Iterable[tuple[str, Any]] | Mapping[str, Any]
+                    ) -> tuple[tuple[str, Any], ...]:
+    """Which compiled candidates' ratios XLA total / prediction scale a
+    candidate's prediction: those whose step knobs (remat, microbatches, ...)
+    are its own, and whose activations' batch is placed (`act_batch` set) or
+    not as its is. Where the other activation points go does not separate
+    them: the prediction follows a placed point, and candidates that differ
+    only there share their ratios, so a study that searches the points calibrates
+    stage 1 at all (keyed by the whole setting, no `published` or
+    `cpu-static64-knobs` study had three candidates of one setting to judge
+    by, and stage 1 cut nothing; `benchmarks/results/prediction/pools.md`).
+    Whether the batch is placed does separate them: with it left to XLA the
+    prediction keeps the activations whole where XLA splits them (XLA needed
+    0.55 of a prediction there, 1.2-1.9 beside it).
+
+    Example:
+      >>> prediction_pool((("remat", "full"), ("act_mlp", "tp"), ("act_batch", "dp")))
+      (('act_batch', True), ('remat', 'full'))
+    """
+    pairs = dict(setting.items() if isinstance(setting, Mapping) else setting)
+    own = {n: v for n, v in pairs.items() if not n.startswith(ACT_PREFIX)}
+    return tuple(sorted((own | {BATCH_KNOB: pairs.get(BATCH_KNOB, AUTO) != AUTO}).items()))
 
 
 def stage_margin(ratios: Sequence[float]) -> float:

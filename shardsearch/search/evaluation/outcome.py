@@ -20,7 +20,7 @@ from .stages import CUT, Stage, Status
 NONFINITE = "non-finite loss"
 # How the reason of a candidate stage 1 cut on its predicted memory begins.
 PREDICTED = "predicted before compiling"
-# Compiled candidates (with the same knob setting) a study needs before stage 1
+# Compiled candidates (of one `prediction_pool`) a study needs before stage 1
 # cuts on the predicted memory: fewer leave the scale too uncertain.
 PREDICTION_SAMPLES = 3
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import optuna
 
-from ..evaluation.evaluate import over_by_prediction
+from ..evaluation.evaluate import over_by_prediction, prediction_pool
 from ..evaluation.outcome import PREDICTED, PREDICTION_SAMPLES, Outcome
 from ..evaluation.stages import COMPLETE, CUT, FAILED, Stage
 from . import attrs as _attrs
@@ -206,21 +206,22 @@ def recorded_estimates(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[floa
 def memory_ratios(trials: Iterable[optuna.trial.FrozenTrial],
                   setting: Iterable[tuple[str, Any]] = ()) -> tuple[float, ...]:
     """XLA's total bytes per device over stage 1's prediction, for the
-    trials with this knob setting whose candidate compiled, one per distinct
-    candidate: what stage 1 scales a prediction by (`evaluation.evaluate.check`).
+    trials whose candidate compiled, one per distinct candidate, that share a
+    pool with a candidate of this knob setting (`evaluation.evaluate.prediction_pool`):
+    what stage 1 scales a prediction by (`evaluation.evaluate.check`).
 
     Example:
       >>> memory_ratios(study.get_trials(deepcopy=False), (("remat", "full"),))
       (0.71, 0.93, 1.04)
     """
-    wanted = dict(setting)
+    wanted = prediction_pool(setting)
     by_candidate: dict[str, float] = {}
     for trial in trials:
         outcome = trial.user_attrs.get(_attrs.OUTCOME) or {}
         memory = outcome.get("memory") or {}
         total, predicted = memory.get("total"), memory.get("predicted")
         if not total or not predicted or \
-                dict(trial.user_attrs.get(_attrs.KNOBS) or {}) != wanted:
+                prediction_pool(trial.user_attrs.get(_attrs.KNOBS) or {}) != wanted:
             continue
         key = outcome.get("fingerprint") or f"trial {trial.number}"
         by_candidate.setdefault(key, total / predicted)
@@ -234,7 +235,8 @@ def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
     Each compiled candidate (a distinct one, in trial order) is judged as
     stage 1 would have judged it then: its prediction times the least ratio
     of XLA's total to the prediction among the compiled candidates before it
-    with the same knobs, once there are `PREDICTION_SAMPLES` of them, over
+    in its pool (`evaluation.evaluate.prediction_pool`), once there are
+    `PREDICTION_SAMPLES` of them, over
     the limit times `margin` (None: stage 1's, the square root of the spread
     of those ratios; `evaluation.evaluate.stage_margin`). With
     `memory_prediction="record"` nothing was cut on it, so every candidate
@@ -263,7 +265,7 @@ def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
         total, predicted = outcome.memory.get("total"), outcome.memory.get("predicted")
         if limit is None or not total or not predicted:
             continue
-        earlier = ratios.setdefault(tuple(record.knobs), [])
+        earlier = ratios.setdefault(prediction_pool(record.knobs), [])
         if len(earlier) >= PREDICTION_SAMPLES:
             over = total > limit
             flagged = over_by_prediction(predicted, earlier, limit, margin)
