@@ -38,6 +38,8 @@ from .space.baselines import UNPINNED, pinned, start_candidates, tensor_axes
 from .space.candidate import (
     UNBUILDABLE,
     Candidate,
+    GroupingProbe,
+    grouping_probe,
     knob_combinations,
     knob_variants,
     plan_moves,
@@ -305,7 +307,13 @@ def _search(runner: _Runner, setup: StudySetup, roster: Roster | None) -> None:
             left -= now
 
     for base in bases:
-        run(variants[base.label])
+        # A plan's gradient-grouping variants past the one most likely to
+        # help only if it did (`GroupingProbe`).
+        probe = grouping_probe(variants[base.label])
+        held = set(probe.others) if probe else set()
+        run({label: c for label, c in variants[base.label].items() if label not in held})
+        if probe and _grouping_helped(runner.records, probe):
+            run({label: variants[base.label][label] for label in probe.others})
     # Each base's changes that helped, together: first those of the base
     # whose best plan (itself or a variant) is now the fastest.
     for base in sorted(bases, key=lambda b: _best_of(runner.records, b, variants[b.label])):
@@ -367,6 +375,16 @@ def variant_bases(records: Sequence[TrialRecord], order: Mapping[str, Candidate]
     over = [r for r in records if r.label in order and r.outcome.status == CUT
             and r.outcome.cut_stage == Stage.COMPILE and r.outcome.memory.get("total")]
     return [min(over, key=lambda r: r.outcome.memory["total"])] if over else []
+
+
+def _grouping_helped(records: Sequence[TrialRecord], probe: GroupingProbe) -> bool:
+    """Whether `probe`'s variant completed, faster than its sibling or where
+    the sibling did not complete."""
+    ended = {r.label: r.outcome for r in records if r.label in (probe.label, probe.sibling)}
+    tried, sibling = ended.get(probe.label), ended.get(probe.sibling)
+    if tried is None or tried.status != COMPLETE:
+        return False
+    return sibling is None or sibling.status != COMPLETE or tried.value < sibling.value
 
 
 def _best_of(records: Sequence[TrialRecord], base: TrialRecord,

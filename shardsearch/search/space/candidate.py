@@ -169,6 +169,47 @@ def knob_variants(candidate: Candidate, knobs: Knobs, tensor: tuple[str, ...] = 
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupingProbe:
+    """How a plan's `grad_groups` variants (`knob_variants`: one per
+    microbatch count) are tried: `label` first, the one with the most
+    microbatches, beside `sibling`, the variant with as many microbatches
+    and the gradients reduced each time (None: there is none); the `others`
+    only if the probe completed faster than its sibling, or completed where
+    the sibling did not (`search.loop`).
+
+    The most microbatches is where grouping stands best: it saves a
+    reduction of the gradients per microbatch but one, and costs an
+    accumulation of unreduced gradients per microbatch and their memory,
+    about the same at every count, so its gain over reducing each time grows
+    with the count, and its memory beside the activations is least there (on
+    the Megatron-LM rows compiled for the H100, grouping was slower at 2 and
+    4 microbatches alike where it was slower at 4, and did not fit at 2 where
+    it did not fit at 4; benchmarks/results/knobs/grad-groups.md). Where it
+    does not help at the most, it is not tried at fewer: on the 32B v5p row
+    FSDP×TP's five grouped variants each took a minute of the chip's
+    compile to come out 5.8x slower than their siblings."""
+
+    label: str
+    sibling: str | None
+    others: tuple[str, ...]
+
+
+def grouping_probe(variants: Mapping[str, Candidate]) -> GroupingProbe | None:
+    """The `GroupingProbe` of a plan's `knob_variants`; None when fewer than
+    two of them group the gradients (nothing to hold back)."""
+    grouped = {label: dict(c.knobs) for label, c in variants.items()
+               if GRAD_GROUPS in dict(c.knobs)}  # a setting names the knobs off their defaults
+    if len(grouped) < 2:
+        return None
+    probe = max(grouped, key=lambda label: grouped[label].get(MICROBATCHES, 1))
+    alone = {k: v for k, v in grouped[probe].items() if k != GRAD_GROUPS}
+    sibling = next((label for label, c in variants.items()
+                    if {k: v for k, v in dict(c.knobs).items() if k != GRAD_GROUPS} == alone
+                    and label not in grouped), None)
+    return GroupingProbe(probe, sibling, tuple(label for label in grouped if label != probe))
+
+
 def knob_combinations(candidate: Candidate, knobs: Knobs, base: tuple[float, int | None],
                       completed: Mapping[Setting, tuple[float, int | None]],
                       over_memory: Sequence[Setting], per_cut: int = 2
