@@ -189,17 +189,16 @@ def over_by_prediction(predicted: int, ratios: Sequence[float], limit: int,
 def prediction_pool(setting: Iterable[tuple[str, Any]] | Mapping[str, Any]
                     ) -> tuple[tuple[str, Any], ...]:
     """Which compiled candidates' ratios XLA total / prediction scale a
-    candidate's prediction: those whose step knobs (remat, microbatches, ...)
-    are its own, and whose activations' batch is placed (`act_batch` set) or
-    not as its is. Where the other activation points go does not separate
-    them: the prediction follows a placed point, and candidates that differ
-    only there share their ratios, so a study that searches the points calibrates
-    stage 1 at all (keyed by the whole setting, no `published` or
-    `cpu-static64-knobs` study had three candidates of one setting to judge
-    by, and stage 1 cut nothing; `benchmarks/results/prediction/pools.md`).
-    Whether the batch is placed does separate them: with it left to XLA the
-    prediction keeps the activations whole where XLA splits them (XLA needed
-    0.55 of a prediction there, 1.2-1.9 beside it).
+    candidate's prediction (its pool): those with its step knobs (remat,
+    microbatches, ...) whose activations' batch is placed (`act_batch` set),
+    or left to XLA, as its is. Where the other activation points go does not
+    split a pool: the prediction follows a placed point, and keyed by the
+    whole setting, the studies of `published` and `cpu-static64-knobs`,
+    whose candidates place the points apart, never had three compiled candidates of one
+    setting, so stage 1 judged none of theirs
+    (`benchmarks/results/prediction/pools.md`). Whether the batch is placed
+    does: left to XLA, it is kept whole by the prediction where XLA splits it
+    (XLA needed 0.55 of a prediction there, 1.2-1.9 beside it).
 
     Example:
       >>> prediction_pool((("remat", "full"), ("act_mlp", "tp"), ("act_batch", "dp")))

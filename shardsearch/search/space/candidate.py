@@ -178,16 +178,16 @@ class GroupingProbe:
     only if the probe completed faster than its sibling, or completed where
     the sibling did not (`search.loop`).
 
-    The most microbatches is where grouping stands best: it saves a
-    reduction of the gradients per microbatch but one, and costs an
-    accumulation of unreduced gradients per microbatch and their memory,
-    about the same at every count, so its gain over reducing each time grows
-    with the count, and its memory beside the activations is least there (on
-    the Megatron-LM rows compiled for the H100, grouping was slower at 2 and
-    4 microbatches alike where it was slower at 4, and did not fit at 2 where
-    it did not fit at 4; benchmarks/results/knobs/grad-groups.md). Where it
-    does not help at the most, it is not tried at fewer: on the 32B v5p row
-    FSDP×TP's five grouped variants each took a minute of the chip's
+    The most microbatches is where grouping stands best. Over k microbatches
+    it saves k - 1 reductions of the gradients and costs k accumulations of
+    unreduced ones, so it helps where a reduction costs more than k / (k - 1)
+    accumulations, most easily at the largest k; and its accumulators' memory
+    is the same at every k while the activations beside them are least
+    there. On the Megatron-LM rows compiled for the H100, grouping was slower
+    at 2 microbatches wherever it was at 4, and did not fit at 2 wherever it
+    did not at 4 (benchmarks/results/knobs/grad-groups.md). So where it does
+    not help at the most, it is not tried at fewer: on the 32B v5p row
+    FSDP×TP's five grouped variants had each taken a minute of the chip's
     compile to come out 5.8x slower than their siblings."""
 
     label: str
