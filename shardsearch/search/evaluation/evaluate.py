@@ -194,8 +194,8 @@ def prediction_pool(setting: Iterable[tuple[str, Any]] | Mapping[str, Any]
     or left to XLA, as its is. Where the other activation points go does not
     split a pool: the prediction follows a placed point, and keyed by the
     whole setting, the studies of `published` and `cpu-static64-knobs`,
-    whose candidates place the points apart, never had three compiled candidates of one
-    setting, so stage 1 judged none of theirs
+    whose candidates place the points apart, rarely had three compiled
+    candidates of one setting, and stage 1 cut none of theirs
     (`benchmarks/results/prediction/pools.md`). Whether the batch is placed
     does: left to XLA, it is kept whole by the prediction where XLA splits it
     (XLA needed 0.55 of a prediction there, 1.2-1.9 beside it).
