@@ -45,8 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ...base.activations import AUTO, BATCH_KNOB
-from ...base.activations import PREFIX as ACT_PREFIX
+from ...base.activations import BATCH, BATCH_KNOB, split_setting
 from ...base.knobs import setting_text
 from ...base.mesh import axis_sizes
 from ...base.monitor import create_monitored_function
@@ -204,9 +203,9 @@ def prediction_pool(setting: Iterable[tuple[str, Any]] | Mapping[str, Any]
       >>> prediction_pool((("remat", "full"), ("act_mlp", "tp"), ("act_batch", "dp")))
       (('act_batch', True), ('remat', 'full'))
     """
-    pairs = dict(setting.items() if isinstance(setting, Mapping) else setting)
-    own = {n: v for n, v in pairs.items() if not n.startswith(ACT_PREFIX)}
-    return tuple(sorted((own | {BATCH_KNOB: pairs.get(BATCH_KNOB, AUTO) != AUTO}).items()))
+    own, rules = split_setting(tuple(setting.items() if isinstance(setting, Mapping)
+                                     else setting))
+    return tuple(sorted((*own, (BATCH_KNOB, BATCH in rules))))
 
 
 def stage_margin(ratios: Sequence[float]) -> float:

@@ -205,8 +205,7 @@ def grouping_probe(variants: Mapping[str, Candidate]) -> GroupingProbe | None:
     probe = max(grouped, key=lambda label: grouped[label].get(MICROBATCHES, 1))
     alone = {k: v for k, v in grouped[probe].items() if k != GRAD_GROUPS}
     sibling = next((label for label, c in variants.items()
-                    if {k: v for k, v in dict(c.knobs).items() if k != GRAD_GROUPS} == alone
-                    and label not in grouped), None)
+                    if label not in grouped and dict(c.knobs) == alone), None)
     return GroupingProbe(probe, sibling, tuple(label for label in grouped if label != probe))
 
 
