@@ -320,3 +320,39 @@ def test_same_search_same_file_whatever_the_hash_seed(tmp_path):
     first.pop("results"), second.pop("results")
     assert first == second
     assert first["workload"]["name"] == "mlp:tiny"
+
+
+def test_a_baseline_that_compiles_to_a_finalists_program_shows_its_re_timing():
+    # Seen on the README's job: logical_megatron gives megatron's specs (a
+    # cache hit, one program). The re-timing timed it as megatron, and the
+    # table showed logical_megatron's older search number beside it, rated
+    # the best expert, with the winner "0.91x" of itself.
+    from shardsearch.cli.render import results_table
+    from shardsearch.search.evaluation.outcome import Outcome
+    from shardsearch.search.export import _results
+    from shardsearch.search.study.record import TrialRecord
+
+    def record(number, label, fp, value):
+        return TrialRecord(number, label, {}, Outcome(fp, "complete", value=value,
+                                                     step_times=(value,) * 3),
+                           {"kind": "x"}, {"kind": "y"}, 1.0)
+
+    records = [record(0, "replicated", "aa", 0.030), record(1, "megatron", "bb", 0.0116),
+               record(2, "dp", "cc", 0.0140), record(3, "logical_megatron", "bb", 0.0116)]
+    confirmation = {name: {"median": median, "ci": [median * 0.9, median * 1.1], "times": []}
+                    for name, median in (("megatron", 0.0127), ("dp", 0.0141))}
+    results = _results(records[1], records, {"confirmation": confirmation}, True, "measured",
+                       "best")
+    rows = {row["label"]: row for row in results["baselines"]}
+    twin = rows["logical_megatron"]
+    assert (twin["median_seconds"], twin["timed_in"], twin["timing_of"]) == (
+        0.0127, "confirmation", "megatron")
+    assert "timing_of" not in rows["megatron"] and "timing_of" not in results["winner"]
+    # The search's numbers stay where nothing re-timed that program.
+    assert (rows["replicated"]["median_seconds"], rows["replicated"]["timed_in"]) == (
+        0.030, "search")
+    # Tied at one timing, the row timed as itself is the best expert.
+    assert results["best_expert"] == "megatron"
+    assert results["winner"]["speedup_vs_best_expert"] == 1.0
+    table = results_table({"results": results})
+    assert re.search(r"logical_megatron +12\.700 .* confirmation \(as megatron\)", table), table

@@ -54,7 +54,8 @@ def results_table(config: Mapping[str, Any]) -> str:
             f"{mark} {name}", f"{row['median_seconds'] * 1e3:.3f}",
             f"{ci[0] * 1e3:.3f}-{ci[1] * 1e3:.3f}" if ci else "-",
             times(row["speedup_vs_replicated"]), times(row["speedup_vs_best_expert"]),
-            _bytes(mem), row["timed_in"] or ""))
+            _bytes(mem), (row["timed_in"] or "")
+            + (f" (as {row['timing_of']})" if row.get("timing_of") else "")))
     t = r["trials"]
     knobs = config.get("knobs")
     lines = [table(rows, right=(1, 2, 3, 4, 5)),

@@ -212,6 +212,12 @@ def _results(chosen: TrialRecord, records: list[TrialRecord],
     """
     summary = summary or {}
     confirmation = dict(summary.get("confirmation") or {})
+    # The re-timing is by name, one name per compiled program: a trial whose
+    # fingerprint is a finalist's (a cache hit: another expert that gives the
+    # same specs) ran that very program, so its row carries that re-timing
+    # rather than an older search number beside it.
+    twins = {r.outcome.fingerprint: _name(r) for r in records
+             if r.outcome.status == COMPLETE and _name(r) in confirmation}
     rows: dict[str, dict[str, Any]] = {}
     for record in records:
         if record.label == "search":
@@ -219,13 +225,15 @@ def _results(chosen: TrialRecord, records: list[TrialRecord],
         earlier = rows.get(record.label)
         # A baseline interrupted in one run and evaluated in a later one: the later row.
         if earlier is None or (_interrupted(earlier) and record.outcome.reason != INTERRUPTED):
-            rows[record.label] = _row(record, confirmation, objective)
-    winner = _row(chosen, confirmation, objective)
+            rows[record.label] = _row(record, confirmation, twins, objective)
+    winner = _row(chosen, confirmation, twins, objective)
     # A start plan (`optimize(start_from=...)`) is an earlier answer, not an expert's.
     experts = {k: v["median_seconds"] for k, v in rows.items()
                if k not in NOT_EXPERT and not k.startswith(START_PREFIX)
                and not is_variant(k) and v["median_seconds"] is not None}
-    best_expert = min(experts, key=lambda k: (experts[k], k)) if experts else None
+    # On a tie, a row timed as itself before one showing its twin's timing.
+    best_expert = (min(experts, key=lambda k: (experts[k], "timing_of" in rows[k], k))
+                   if experts else None)
     replicated = rows.get("replicated", {}).get("median_seconds")
     for row in (winner, *rows.values()):
         row["speedup_vs_replicated"] = _ratio(replicated, row["median_seconds"])
@@ -245,12 +253,17 @@ def _results(chosen: TrialRecord, records: list[TrialRecord],
     }
 
 
-def _row(record: TrialRecord, confirmation: Mapping[str, Any],
+def _row(record: TrialRecord, confirmation: Mapping[str, Any], twins: Mapping[str, str],
          objective: str | None) -> dict[str, Any]:
+    """A results row; `twins` names the confirmed finalist of each
+    fingerprint, whose re-timing a completed trial of that fingerprint shows
+    (with `timing_of` naming it when it is another trial's)."""
     o = record.outcome
     median = ci = timed_in = None
-    if _name(record) in confirmation:
-        timing = confirmation[_name(record)]
+    twin = twins.get(o.fingerprint) if o.status == COMPLETE else None
+    timed_as = _name(record) if _name(record) in confirmation else twin
+    if timed_as is not None:
+        timing = confirmation[timed_as]
         median, ci, timed_in = timing["median"], list(timing["ci"]), "confirmation"
     elif o.status == COMPLETE:
         median, timed_in = o.value, _timed_in(objective, o)
@@ -262,6 +275,8 @@ def _row(record: TrialRecord, confirmation: Mapping[str, Any],
            "timed_in": timed_in, "memory_per_device": dict(sorted(o.memory.items())),
            # XLA's log lines while it compiled and ran (e.g. rematerialization warnings).
            "log_lines": o.log_count, "log_first": o.log_first or None}
+    if timed_as is not None and timed_as != _name(record):
+        row["timing_of"] = timed_as
     if o.estimate is not None:
         row["estimate_seconds"] = o.estimate
     if o.breakdown is not None:
