@@ -1,9 +1,11 @@
 """The mesh's shape searched too: `optimize(..., devices=N, axes=...)` and
 `shardsearch optimize --axes` (issue 24, item 1)."""
 
+import collections
 import json
 import subprocess
 import sys
+import warnings
 
 import jax
 import optuna
@@ -11,6 +13,8 @@ import pytest
 from child_env import child_env
 
 import shardsearch as ss
+from shardsearch.base.mesh import axes_text, axis_sizes
+from shardsearch.base.warnings import ShardsearchWarning
 from shardsearch.search.shapes import PROBES, ShapeWarning, factorisations, mesh_shapes
 from shardsearch.workloads import get_workload
 
@@ -72,9 +76,26 @@ def test_optimize_searches_each_shape_and_the_plan_records_the_winners(tmp_path)
     assert result.to_json()["shapes"] == shapes
 
 
-def test_the_trials_left_after_the_warm_starts_go_to_the_better_half(tmp_path):
-    result = ss.optimize(get_workload("mlp:tiny"), devices=4, axes=("dp", "tp"), n_trials=50,
-                         storage=f"sqlite:///{tmp_path / 's.db'}", **STATIC)
+def test_the_trials_left_after_the_warm_starts_go_to_the_better_half(tmp_path, monkeypatch):
+    # Each round resumes a shape's study, and its setup warns again: the
+    # search shows each such warning once per shape, not once per round.
+    from shardsearch.search import loop
+
+    real, calls = loop.optimize, collections.Counter()
+
+    def optimize(*args, mesh, **kwargs):
+        text = axes_text(axis_sizes(mesh))
+        calls[text] += 1
+        warnings.warn(ShardsearchWarning(f"setup of {text}"), stacklevel=2)
+        return real(*args, mesh=mesh, **kwargs)
+
+    monkeypatch.setattr(loop, "optimize", optimize)  # what a shape search calls
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = ss.optimize(get_workload("mlp:tiny"), devices=4, axes=("dp", "tp"),
+                             n_trials=50, storage=f"sqlite:///{tmp_path / 's.db'}", **STATIC)
+    said = collections.Counter(str(w.message) for w in caught if "setup of" in str(w.message))
+    assert said == {f"setup of {text}": 1 for text in calls} and max(calls.values()) > 1
     searched = result.shapes["searched"]
     assert result.shapes["trials"]["run"] == 50
     warm = min(row["trials"] for row in searched.values())

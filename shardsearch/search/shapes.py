@@ -34,10 +34,11 @@ that shape, and its `shapes` says what every shape gave.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -164,6 +165,7 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
     results: dict[str, OptimizeResult] = {}
     failed: dict[str, str] = {}
     setups: dict[str, Any] = {}
+    said: dict[str, set[tuple[type, str]]] = {}
 
     def run(text: str, trials: int) -> None:
         share = dataclasses.replace(
@@ -173,7 +175,8 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
             study_name=(None if settings.study_name is None
                         else f"{settings.study_name}/{text}"))
         try:
-            result = optimize(step, args, mesh=meshes[text], settings=share)
+            with _said_once(said.setdefault(text, set())):
+                result = optimize(step, args, mesh=meshes[text], settings=share)
         except NothingCompleted as err:
             # Nothing of this shape fits (or ran): the others may.
             failed[text] = str(err)
@@ -211,6 +214,28 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
             if trials:
                 run(text, trials)
     return _pick(results, pruned, failed, devices, axes, settings)
+
+
+@contextlib.contextmanager
+def _said_once(said: set[tuple[type, str]]) -> Iterator[None]:
+    """Warnings issued inside, each shown where it was issued unless `said`
+    (the same shape's earlier rounds) already holds its class and text.
+
+    A shape's study resumes in a later round and its setup warns again (the
+    search's `catch_warnings` blocks reset Python's once-per-place memory),
+    so without this a shape search printed each setup warning once per round.
+    The caller's filters still apply where a warning is issued ("error"
+    raises there).
+    """
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            yield
+    finally:  # a shape where nothing completed raises, and its warnings count
+        for w in caught:
+            if (w.category, str(w.message)) not in said:
+                said.add((w.category, str(w.message)))
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _split(n: int, names: list[str]) -> dict[str, int]:
