@@ -334,3 +334,36 @@ def test_opt_state_axes_split_the_moments_and_leave_the_parameters(gpt):
     moved = {path for path in after if after[path] != before[path]}
     assert moved and all(path.startswith("opt/") for path in moved)
     assert all("dp" in str(after[path]) for path in moved)
+
+
+def test_baselines_the_space_can_build_carry_its_parameters_for_the_sampler(tmp_path, mesh24):
+    # TPE models only trials that carry its parameters: the baselines, the
+    # best plans of most studies, get the values whose proposal compiles
+    # their very program, so that the searched trials start from them.
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    kwargs = dict(mesh=mesh24, objective="static", storage=storage, study_name="s",
+                  quiet=True, confirm_rounds=0, isolate=False)
+    workload = get_workload("gpt:tiny")
+    result = ss.optimize(workload, n_trials=7, **kwargs)
+    trials = {r.label: r for r in result.trials}
+    assert "search" not in trials  # the warm start only
+    megatron = {"family": "logical", "batch_axes": "dp", "logical_vocab": "tp",
+                "logical_vocab_2": "tp", "logical_mlp": "tp", "logical_embed": "-",
+                "logical_seq": "-", "logical_heads": "tp", "opt_state_axes": "-"}
+    assert trials[LOGICAL_MEGATRON].params == trials["megatron"].params == megatron
+    assert trials["dp"].params["batch_axes"] == "dp,tp"
+    # The original design's AutoShardingRule is no value of the logical family.
+    assert trials["default"].params == {}
+    stored = {t.number: t for t in result.study.get_trials()}
+    assert stored[trials["megatron"].number].distributions == {
+        p.name: optuna.distributions.CategoricalDistribution(p.choices)
+        for p in result.setup.space.params() if p.name in megatron}
+    # A searched trial asked for a baseline's values compiles its program.
+    expressed = [r for r in result.trials if r.params]
+    for record in expressed:
+        result.study.enqueue_trial(record.params)
+    again = ss.optimize(workload, n_trials=len(expressed), **kwargs)
+    searched = [r for r in again.trials if r.label == "search"]
+    assert [r.params for r in searched] == [r.params for r in expressed]
+    assert [r.outcome.fingerprint for r in searched] == [
+        r.outcome.fingerprint for r in expressed]

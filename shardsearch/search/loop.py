@@ -44,6 +44,7 @@ from .space.candidate import (
     knob_variants,
     plan_moves,
 )
+from .space.express import readings
 from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
 from .study.identity import IdentityMismatch, bind_study, identity_of, trial_values
@@ -600,6 +601,8 @@ class _Runner:
         start = time.perf_counter()
         candidate = baseline or self._proposal(trial)                  # propose
         specs, fp = _evaluate.resolve(candidate, self.ctx)              # evaluate
+        if baseline is not None and specs is not None:
+            self._express(trial, baseline, specs, fp)
         if specs is None:
             outcome = Outcome("", CUT, Stage.CHECK, fp)
         elif fp in self.cache:
@@ -633,6 +636,25 @@ class _Runner:
             self.specs.setdefault(fp, specs)
         self.candidates[trial.number] = candidate
         return self.record(trial, candidate, outcome, start)            # record
+
+    def _express(self, trial: optuna.Trial, baseline: Candidate, specs: Sequence[Any],
+                 fp: str) -> None:
+        """Records on a baseline's trial the space's parameters whose proposal
+        compiles the baseline's very program (the same fingerprint), where
+        some do (`space.express`): TPE then learns from the baselines too."""
+        if not hasattr(trial, "_fixed_params"):  # an Optuna without it: nothing recorded
+            return
+        knobs = dict(baseline.knobs)
+        for values in readings(self.space, specs, knobs):
+            try:
+                proposal = self._proposal(optuna.trial.FixedTrial(values))
+            except ValueError:  # a value the space's blocks refuse
+                continue
+            if _evaluate.resolve(proposal, self.ctx)[1] == fp:
+                # Asked through the trial as a proposal is, with its values fixed.
+                trial._fixed_params = values
+                self.space.suggest(trial)
+                return
 
     def _proposal(self, trial: optuna.Trial) -> Candidate:
         """The space's candidate for `trial`; where the search does not choose

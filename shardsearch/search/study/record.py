@@ -39,7 +39,8 @@ class TrialRecord:
     Attributes:
       number: Optuna's trial number.
       label: "search", or the baseline's name.
-      params: the Optuna parameters (empty for baselines).
+      params: the Optuna parameters; a baseline's only where the space's
+        parameters build its very program (`space.express`), else empty.
       outcome: the evaluation (`Outcome`), `cache_hit` set when reused.
       state_rule, batch_rule: the candidate's rules in their JSON form.
       seconds: wall time the trial took, proposal to record (the search's

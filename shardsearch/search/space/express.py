@@ -1,0 +1,112 @@
+"""A baseline in the space's own parameters, so that the sampler learns from it.
+
+The warm start's baselines are candidates built outside the space (an
+expert's path rules or logical assignment). A trial that ran one carries no
+Optuna parameters, and TPE models only the trials that carry the parameter
+it samples: the experts, usually the best plans of the study, told it
+nothing, and the searched trials after them were as good as random (on the
+README's job the 13 searched trials came out 1.5-2.6 times slower than the
+best expert).
+
+`readings(space, specs, knobs)` reads the logical family's values off a
+baseline's spec trees: each offered logical axis takes the mesh axes that
+most of the state's dims of that name carry (optimizer leaves aside), the
+batch's axes those on the batch arguments' leading dims, and the knobs the
+baseline's own. It gives one set of values per `opt_state_axes` choice, "-"
+first. A reading is a guess: the caller keeps the first whose candidate
+resolves to the baseline's fingerprint, that is, compiles the very program
+the baseline ran (`search.loop`), and records those values on the
+baseline's trial. A baseline no set of values reproduces (a leaf split
+another way than its logical axis elsewhere, an axis the space does not
+offer, the rules family) keeps a trial without parameters, as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...base.spec import entry_axes
+from ...base.tree import leaf_specs
+from ...logical.axes import LeafAxes
+from ...rules.optimizer import OPTIMIZER_PATHS
+from .logical import axes_key, batch_axis_names, group_choices
+
+if TYPE_CHECKING:
+    from .searchspace import SearchSpace
+
+
+def readings(space: SearchSpace, specs: Sequence[Any],
+             knobs: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Parameter values of the logical family that may build `specs`, the
+    spec trees `(state, *batch)` of a candidate with knob values `knobs`;
+    nothing where the space has no logical family, or a knob value or an
+    axis the space does not offer.
+
+    Example: gpt:tiny's megatron on `(dp=2, tp=4)` reads as `{"family":
+    "logical", "batch_axes": "dp", "logical_vocab": "tp", "logical_mlp":
+    "tp", "logical_embed": "-", "logical_seq": "-", "logical_heads": "tp",
+    "opt_state_axes": "-"}` (and then the other `opt_state_axes` choices).
+    """
+    if not space.logical_axes() or space.logical is None:
+        return
+    params = {p.name: p for p in space.params()}
+    arguments = space.logical.arguments
+    state = _votes([(arguments[0], specs[0])], skip=OPTIMIZER_PATHS)
+    batch = _votes(list(zip(arguments[1:], specs[1:], strict=False)), leading=True)
+    batch_names = batch_axis_names(space.logical)
+    values: dict[str, Any] = {}
+    if "family" in params:
+        values["family"] = "logical"
+    values["batch_axes"] = _most(batch, batch_names)
+    offered = set(space.logical_axes())
+    if any(n not in offered and n not in batch_names for n, seen in state.items()
+           if any(key != "-" for key in seen)):
+        return  # the baseline splits an axis the family cannot split
+    for name in space.logical_axes():
+        values[f"logical_{name}"] = _most(state, (name,))
+    # The knobs the space searches, at their defaults where the baseline sets
+    # none; the others (a pinned `act_batch`) are the proposal's to
+    # reproduce, which the fingerprint checks.
+    filled = space.knobs.values(tuple(knobs.items())) if space.knobs is not None else knobs
+    values.update({f"knob_{n}": v for n, v in filled.items() if f"knob_{n}" in params})
+    if any(n not in params or v not in params[n].values() for n, v in values.items()):
+        return
+    if "opt_state_axes" not in params:
+        yield values
+        return
+    for choice in group_choices(space.axes):
+        yield {**values, "opt_state_axes": choice}
+
+
+def _votes(arguments: Sequence[tuple[Sequence[LeafAxes], Any]], skip: str | None = None,
+           leading: bool = False) -> dict[str, collections.Counter[str]]:
+    """Per logical name, how often each mesh-axis group (`axes_key`) splits a
+    dim of that name, over `(leaves, spec tree)` pairs of one argument each
+    (only the leading dims with `leading`; leaves whose path matches `skip`
+    left out)."""
+    out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for leaves, tree in arguments:
+        specs = dict(leaf_specs(tree))
+        for leaf in leaves:
+            spec = specs.get(leaf.path)
+            if spec is None or (skip is not None and re.search(skip, leaf.path)):
+                continue
+            for d, name in enumerate(leaf.names[:1] if leading else leaf.names):
+                if name is not None:
+                    entry = spec[d] if d < len(spec) else None
+                    out[name][axes_key(entry_axes(entry))] += 1
+    return out
+
+
+def _most(votes: Mapping[str, collections.Counter[str]], names: Sequence[str]) -> str:
+    """The group most of the names' dims carry, a split before "-" (a dim
+    the assignment could not split, for its size or an axis taken, reads
+    "-" under any value); "-" when none is split."""
+    seen: collections.Counter[str] = collections.Counter()
+    for name in names:
+        seen.update(votes.get(name, {}))
+    split = [(count, key) for key, count in seen.items() if key != "-"]
+    return max(split, key=lambda c: (c[0], c[1]))[1] if split else "-"
