@@ -23,7 +23,10 @@ functions of the pipeline (`hook/sitecustomize.py`, in the study process and
 in its worker), and the report splits "other" into where it went.
 
 Usage (from the repository root):
-    python benchmarks/overhead/run.py [--runs 2] [--trace] [--no-isolate]
+    python benchmarks/overhead/run.py [--runs 2] [--trace] [--no-isolate] [--job ARGS]
+
+`--job` runs another command than the README's job (its arguments as one
+string, with `--trials` and `--quiet`), e.g. a search on a TPU host's chip.
 
 Prints the split and writes it to benchmarks/overhead/results.md (`--out`).
 Timings are wall-clock and noisy on a busy machine; the file gives the load
@@ -77,13 +80,13 @@ PARTS = [
 ]
 
 
-def run_job(trials: int, isolate: bool, trace: bool) -> dict:
+def run_job(trials: int, isolate: bool, trace: bool, job: list[str] = JOB) -> dict:
     """One run of the job in a fresh folder: wall time, study name, trial attributes,
     and the timers' dumps when traced."""
     import optuna
 
     with tempfile.TemporaryDirectory(prefix="shardsearch-overhead-") as folder:
-        argv = [sys.executable, "-m", "shardsearch", *job_args(trials, isolate)]
+        argv = [sys.executable, "-m", "shardsearch", *job_args(trials, isolate, job)]
         env = dict(os.environ)
         if trace:
             traces = Path(folder) / "trace"
@@ -107,8 +110,8 @@ def run_job(trials: int, isolate: bool, trace: bool) -> dict:
             "load": (load, os.getloadavg()[0])}
 
 
-def job_args(trials: int, isolate: bool) -> list[str]:
-    args = list(JOB)
+def job_args(trials: int, isolate: bool, job: list[str] = JOB) -> list[str]:
+    args = list(job)
     args[args.index("--trials") + 1] = str(trials)
     return args + ([] if isolate else ["--no-isolate"])
 
@@ -200,11 +203,14 @@ def code_under_test() -> str:
 
 
 def report(runs: list[dict], isolate: bool) -> str:
-    cmd = "shardsearch " + shlex.join(job_args(runs[0]["trials_asked"], isolate))
+    job = runs[0].get("job", JOB)
+    cmd = "shardsearch " + shlex.join(job_args(runs[0]["trials_asked"], isolate, job))
+    flags = (" --no-isolate" if not isolate else "") + (
+        f" --job {shlex.quote(shlex.join(job))}" if job != JOB else "")
     lines = [
         "# Trial time outside compile and timed steps",
         "",
-        f"Written by `python benchmarks/overhead/run.py{' --no-isolate' if not isolate else ''}`"
+        f"Written by `python benchmarks/overhead/run.py{flags}`"
         f" on {datetime.date.today().isoformat()}: the job `{cmd}`, each run in a fresh "
         "temporary folder (fresh study, empty compilation cache). Trial time, compile and "
         "timed steps are the study's (`seconds`, `compile_seconds`, `step_times` of the "
@@ -295,12 +301,16 @@ def main() -> None:
     parser.add_argument("--no-isolate", dest="isolate", action="store_false",
                         help="evaluate in the study process (the job's --no-isolate)")
     parser.add_argument("--out", default=str(HERE / "results.md"))
+    parser.add_argument("--job", type=shlex.split, default=JOB,
+                        help="the command's arguments instead of the README's job (give "
+                             "--trials and --quiet in it), e.g. on a TPU host \"optimize "
+                             "--workload gpt:small --mesh dp=1 --knobs --trials 20 --quiet\"")
     a = parser.parse_args()
     runs = []
     for traced_run in [False] * a.runs + [True] * a.trace:
-        found = run_job(a.trials, a.isolate, traced_run)
+        found = run_job(a.trials, a.isolate, traced_run, a.job)
         run = {"wall": found["wall"], "load": found["load"], "split": split(found["trials"]),
-               "traced": traced_run, "trials_asked": a.trials}
+               "traced": traced_run, "trials_asked": a.trials, "job": a.job}
         if traced_run:
             run["breakdown"] = breakdown(found["dumps"])
             seen, evaluated = run["breakdown"]["evaluated"], run["split"]["evaluated"]
