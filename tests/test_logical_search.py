@@ -352,8 +352,12 @@ def test_baselines_the_space_can_build_carry_its_parameters_for_the_sampler(tmp_
                 "logical_seq": "-", "logical_heads": "tp", "opt_state_axes": "-"}
     assert trials[LOGICAL_MEGATRON].params == trials["megatron"].params == megatron
     assert trials["dp"].params["batch_axes"] == "dp,tp"
-    # The original design's AutoShardingRule is no value of the logical family.
-    assert trials["default"].params == {}
+    # FSDP splits each weight on its own largest dim: no logical assignment
+    # does that, the rules family's AutoShardingRule over dp and tp does.
+    assert trials["fsdp"].params["family"] == "rules"
+    assert trials["fsdp"].params["batch_axes"] == "dp,tp"
+    # Neither family builds the original design's default plan nor FSDP x TP.
+    assert trials["default"].params == trials["fsdp_tp"].params == {}
     stored = {t.number: t for t in result.study.get_trials()}
     assert stored[trials["megatron"].number].distributions == {
         p.name: optuna.distributions.CategoricalDistribution(p.choices)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import threading
 import time
 import warnings
@@ -44,7 +45,7 @@ from .space.candidate import (
     knob_variants,
     plan_moves,
 )
-from .space.express import readings
+from .space.express import readings, rule_readings
 from .study import attrs
 from .study.claims import CONFIRM_LEFT, CONFIRMED_ELSEWHERE, CompileClaims, Roster
 from .study.identity import IdentityMismatch, bind_study, identity_of, trial_values
@@ -645,7 +646,8 @@ class _Runner:
         if not hasattr(trial, "_fixed_params"):  # an Optuna without it: nothing recorded
             return
         knobs = dict(baseline.knobs)
-        for values in readings(self.space, specs, knobs):
+        for values in itertools.chain(readings(self.space, specs, knobs),
+                                      rule_readings(self.space, specs, knobs)):
             try:
                 proposal = self._proposal(optuna.trial.FixedTrial(values))
             except ValueError:  # a value the space's blocks refuse

@@ -13,17 +13,22 @@ baseline's spec trees: each offered logical axis takes the mesh axes that
 most of the state's dims of that name carry (optimizer leaves aside), the
 batch's axes those on the batch arguments' leading dims, and the knobs the
 baseline's own. It gives one set of values per `opt_state_axes` choice, "-"
-first. A reading is a guess: the caller keeps the first whose candidate
+first. `rule_readings` then gives the rules family's: every
+`AutoShardingRule` of the space alone (each axis order, grouping, threshold
+and direction; no memory rule, no extra rule) with the same batch axes and
+knobs, which is how FSDP, each weight split on its own largest dim, is
+found. A reading is a guess: the caller keeps the first whose candidate
 resolves to the baseline's fingerprint, that is, compiles the very program
 the baseline ran (`search.loop`), and records those values on the
 baseline's trial. A baseline no set of values reproduces (a leaf split
-another way than its logical axis elsewhere, an axis the space does not
-offer, the rules family) keeps a trial without parameters, as before.
+another way than either family splits it, an axis the space does not
+offer) keeps a trial without parameters, as before.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -67,11 +72,7 @@ def readings(space: SearchSpace, specs: Sequence[Any],
         return  # the baseline splits an axis the family cannot split
     for name in space.logical_axes():
         values[f"logical_{name}"] = _most(state, (name,))
-    # The knobs the space searches, at their defaults where the baseline sets
-    # none; the others (a pinned `act_batch`) are the proposal's to
-    # reproduce, which the fingerprint checks.
-    filled = space.knobs.values(tuple(knobs.items())) if space.knobs is not None else knobs
-    values.update({f"knob_{n}": v for n, v in filled.items() if f"knob_{n}" in params})
+    values.update(_knob_values(space, params, knobs))
     if any(n not in params or v not in params[n].values() for n, v in values.items()):
         return
     if "opt_state_axes" not in params:
@@ -79,6 +80,50 @@ def readings(space: SearchSpace, specs: Sequence[Any],
         return
     for choice in group_choices(space.axes):
         yield {**values, "opt_state_axes": choice}
+
+
+def rule_readings(space: SearchSpace, specs: Sequence[Any],
+                  knobs: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Parameter values of the rules family that may build `specs` (see the
+    module docstring): the space's `AutoShardingRule` alone, every order,
+    grouping, threshold and direction, with the batch axes most of the batch
+    arguments' leading dims carry and the knobs `knobs` (defaults filled in);
+    nothing where the space has no rules family or cannot take those values.
+
+    Example: gpt:tiny's fsdp on `(dp=2, tp=4)` reads, among others, as
+    `{"family": "rules", "auto_order_0": 0, "auto_join_0": True,
+    "auto_min_shard_size": 8, "auto_reverse": False, "memory_rule": False,
+    "priority_0": 0, "batch_axes": "dp,tp", "opt_state_axes": "-"}`.
+    """
+    if space.space == "logical":
+        return
+    params = space.params()
+    named = {p.name: p for p in params}
+    leading: collections.Counter[str] = collections.Counter()
+    for tree in specs[1:]:
+        for _, spec in leaf_specs(tree):
+            leading[axes_key(entry_axes(spec[0] if len(spec) else None))] += 1
+    fixed = {"family": "rules", "memory_rule": False, "batch_axes": _most({"": leading}, ("",)),
+             "opt_state_axes": "-", **_knob_values(space, named, knobs)}
+    fixed.update({p.name: False for p in params if p.name.startswith("extra_")})
+    # With the auto rule alone, the composition's order changes nothing.
+    fixed.update({p.name: 0 for p in params if p.name.startswith("priority_")})
+    fixed = {n: v for n, v in fixed.items() if n in named}
+    if any(v not in named[n].values() for n, v in fixed.items()):
+        return
+    free = [p for p in params if p.name.startswith("auto_")]
+    for chosen in itertools.product(*(p.values() for p in free)):
+        yield {**fixed, **dict(zip((p.name for p in free), chosen, strict=True))}
+
+
+def _knob_values(space: SearchSpace, params: Mapping[str, Any],
+                 knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """The `knob_<name>` values of `knobs`, the space's knobs that it
+    searches at their defaults where `knobs` sets none; the others (a
+    pinned `act_batch`) are the proposal's to reproduce, which the
+    fingerprint checks."""
+    filled = space.knobs.values(tuple(knobs.items())) if space.knobs is not None else knobs
+    return {f"knob_{n}": v for n, v in filled.items() if f"knob_{n}" in params}
 
 
 def _votes(arguments: Sequence[tuple[Sequence[LeafAxes], Any]], skip: str | None = None,
