@@ -389,3 +389,30 @@ def test_barrier_uses_public_api_only():
         for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import | ast.ImportFrom)
         for alias in node.names]
     assert not [m for m in imported if m and "_src" in m.split(".")]
+
+
+def test_spec_trees_of_one_step_and_stage_1_share_one_trace(mesh24):
+    # JAX caches a trace by the function and its arguments' types; a
+    # sharding carried on an abstract argument is part of its type, so each
+    # candidate's compile traced the step again (and stage 1's trace of it
+    # helped none of them). Given to jit as in_shardings, one trace serves all.
+    from shardsearch.logical.discover import trace_graph
+
+    traces = []
+
+    def step(state, x):
+        traces.append(1)  # runs once per trace
+        return jax.tree.map(lambda w: w - 0.1 * (x @ w).sum(), state), (x @ state["w"]).sum()
+
+    args = ({"w": jax.ShapeDtypeStruct((16, 8), jnp.float32)},
+            jax.ShapeDtypeStruct((4, 16), jnp.float32))
+    trace_graph(step, args, "test")
+    assert len(traces) == 1
+    analyzer = ss.ShardingAnalyzer(mesh24)
+    for specs in (({"w": P("dp", "tp")}, P()), ({"w": P(None, "tp")}, P("dp")),
+                  ({"w": P()}, P())):
+        monitored = ss.create_monitored_function(step, specs, analyzer,
+                                                 out_specs=(specs[0], P()), donate_argnums=(0,))
+        executable, _ = monitored.compile(*args)
+        assert executable.input_shardings[0][0]["w"].spec == specs[0]["w"]
+    assert len(traces) == 1

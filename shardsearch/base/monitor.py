@@ -130,14 +130,26 @@ def create_monitored_function(
     # A copy: the caller's dict changed later does not change what compiled.
     options = dict(compiler_options) if compiler_options else None
     donate = tuple(donate_argnums)
+    # Where this function jits `fn`, the arguments' shardings go to jit as
+    # `in_shardings`, not onto the abstract arguments: JAX caches a trace by
+    # the function and its arguments' types, and a sharding on an abstract
+    # argument is part of its type, so each spec tree would trace the step
+    # anew; this way every spec tree of one step (and stage 1's trace of it,
+    # `logical.discover`) shares one trace. jit inside jit is inlined, so an
+    # already-jitted `fn` gets the options too; an already-jitted `fn` given
+    # without options is lowered as it is, its abstract arguments carrying
+    # the shardings. `make_jitted` returns the jitted function and whether it
+    # took the shardings.
     if out_specs is not None or donate:
-        # jit inside jit is inlined, so an already-jitted `fn` gets the options too.
-        def make_jitted(mesh: Any) -> Any:
-            return jax.jit(fn, donate_argnums=donate,
-                           out_shardings=None if out_specs is None else _named(mesh, out_specs))
+        def make_jitted(mesh: Any, shardings: Any) -> tuple[Any, bool]:
+            return jax.jit(fn, donate_argnums=donate, **_given(shardings),
+                           out_shardings=None if out_specs is None
+                           else _named(mesh, out_specs)), True
     else:
-        def make_jitted(mesh: Any) -> Any:
-            return fn if hasattr(fn, "lower") else jax.jit(fn)
+        def make_jitted(mesh: Any, shardings: Any) -> tuple[Any, bool]:
+            if hasattr(fn, "lower"):
+                return fn, False
+            return jax.jit(fn, **_given(shardings)), True
 
     def specs_for(args: tuple[Any, ...]) -> Any:
         try:
@@ -193,15 +205,15 @@ def create_monitored_function(
     def compile_entry(entry: dict[str, Any], args: tuple[Any, ...]) -> float:
         if entry["compiled"] is not None:
             return 0.0
-        if entry["shardings"] is not None:
+        jitted, placed = make_jitted(entry["mesh"], _positional(entry["shardings"], args))
+        if entry["shardings"] is not None and not placed:
             # Abstract leaves carry their sharding, so lowering needs no devices' data.
             leaves, treedef = jax.tree_util.tree_flatten(args)
-            placed = treedef.flatten_up_to(entry["shardings"])
+            shardings = treedef.flatten_up_to(entry["shardings"])
             args = treedef.unflatten([
                 jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
                 if isinstance(x, jax.ShapeDtypeStruct) and s is not None else x
-                for x, s in zip(leaves, placed, strict=True)])
-        jitted = make_jitted(entry["mesh"])
+                for x, s in zip(leaves, shardings, strict=True)])
         entry["compiled"], seconds = compile_within(
             lambda: (jitted.lower(*args).compile(options) if options
                      else jitted.lower(*args).compile()), compile_timeout)
@@ -254,6 +266,19 @@ def create_monitored_function(
     monitored.compile = compile  # type: ignore[attr-defined]
     monitored.repeat = repeat  # type: ignore[attr-defined]
     return monitored
+
+
+def _given(shardings: Any) -> dict[str, Any]:
+    """jit's `in_shardings` keyword, where there are shardings to give."""
+    return {} if shardings is None else {"in_shardings": shardings}
+
+
+def _positional(shardings: Any, args: tuple[Any, ...]) -> Any:
+    """`shardings` as jit's `in_shardings` for the positional `args`: one
+    entry per argument (`specs_for` may have wrapped a single argument's)."""
+    if not isinstance(shardings, tuple | list):
+        return shardings  # None, or one sharding for every leaf (a prefix)
+    return tuple(shardings) if len(shardings) == len(args) else (shardings,)
 
 
 _barrier_ids = itertools.count()

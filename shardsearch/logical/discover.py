@@ -103,7 +103,9 @@ def trace_graph(step: Callable[..., Any], args: Sequence[Any], where: str,
 
     abstract = [_abstract(x) for x, t in zip(leaves, traced, strict=True) if t]
     try:
-        closed = jax.make_jaxpr(flat_step)(*abstract)
+        closed = _shared_trace(step, treedef, abstract) if all(traced) else None
+        if closed is None:
+            closed = jax.make_jaxpr(flat_step)(*abstract)
     except Exception as err:
         err.add_note(f"{where}: tracing the step with jax.make_jaxpr failed; "
                      "the step must run on abstract arguments (jax.ShapeDtypeStruct)")
@@ -137,6 +139,23 @@ def _user_names(args: tuple[Any, ...], names: Sequence[Any] | None) -> list[list
                          f"({len(args)}), got {names!r:.80}")
     return [user_names(a) if n is None else given_names(a, n)
             for a, n in zip(args, names, strict=True)]
+
+
+def _shared_trace(step: Callable[..., Any], treedef: Any,
+                  abstract: Sequence[Any]) -> Any:
+    """`step`'s jaxpr traced through the step itself, or None where it returns
+    anything but arrays (then the caller traces a wrapper that drops them).
+
+    JAX caches a trace by the function traced and its arguments' types, so
+    the compile that lowers this same `step` later (`jax.jit(step, ...)`,
+    `base.monitor`) reuses this one instead of tracing again; a wrapper
+    function would be traced twice, once here and once there.
+    """
+    try:
+        closed = jax.make_jaxpr(step)(*jax.tree_util.tree_unflatten(treedef, list(abstract)))
+    except TypeError:  # e.g. a string among the outputs: not a JAX type
+        return None
+    return closed
 
 
 def _abstract(x: Any) -> Any:
