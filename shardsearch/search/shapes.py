@@ -218,8 +218,9 @@ def search_shapes(step: Any, args: Sequence[Any] | None, devices: int, axes: Seq
 
 @contextlib.contextmanager
 def _said_once(said: set[tuple[type, str]]) -> Iterator[None]:
-    """Warnings issued inside, each shown where it was issued unless `said`
-    (the same shape's earlier rounds) already holds its class and text.
+    """Warnings issued inside, each shown (at the place that issued it, once
+    the shape's round ends) unless `said`, the same shape's earlier rounds,
+    already holds its class and text.
 
     A shape's study resumes in a later round and its setup warns again (the
     search's `catch_warnings` blocks reset Python's once-per-place memory),
