@@ -205,7 +205,7 @@ def create_monitored_function(
     def compile_entry(entry: dict[str, Any], args: tuple[Any, ...]) -> float:
         if entry["compiled"] is not None:
             return 0.0
-        jitted, placed = make_jitted(entry["mesh"], _positional(entry["shardings"], args))
+        jitted, placed = make_jitted(entry["mesh"], _positional(entry["shardings"]))
         if entry["shardings"] is not None and not placed:
             # Abstract leaves carry their sharding, so lowering needs no devices' data.
             leaves, treedef = jax.tree_util.tree_flatten(args)
@@ -273,12 +273,12 @@ def _given(shardings: Any) -> dict[str, Any]:
     return {} if shardings is None else {"in_shardings": shardings}
 
 
-def _positional(shardings: Any, args: tuple[Any, ...]) -> Any:
-    """`shardings` as jit's `in_shardings` for the positional `args`: one
-    entry per argument (`specs_for` may have wrapped a single argument's)."""
-    if not isinstance(shardings, tuple | list):
-        return shardings  # None, or one sharding for every leaf (a prefix)
-    return tuple(shardings) if len(shardings) == len(args) else (shardings,)
+def _positional(shardings: Any) -> Any:
+    """`shardings` as jit's `in_shardings`: a tuple with one entry per
+    positional argument (`specs_for` matched them to the arguments, wrapping
+    a single argument's), or as they are when None or one sharding for every
+    leaf (a prefix)."""
+    return tuple(shardings) if isinstance(shardings, tuple | list) else shardings
 
 
 _barrier_ids = itertools.count()

@@ -11,7 +11,7 @@ best expert).
 `readings(space, specs, knobs)` reads the logical family's values off a
 baseline's spec trees: each offered logical axis takes the mesh axes that
 most of the state's dims of that name carry (optimizer leaves aside), the
-batch's axes those on the batch arguments' leading dims, and the knobs the
+batch's axes those most of the batch arguments' leading dims carry, and the knobs the
 baseline's own. It gives one set of values per `opt_state_axes` choice, "-"
 first. `rule_readings` then gives the rules family's: every
 `AutoShardingRule` of the space alone (each axis order, grouping, threshold
@@ -58,20 +58,18 @@ def readings(space: SearchSpace, specs: Sequence[Any],
     if not space.logical_axes() or space.logical is None:
         return
     params = {p.name: p for p in space.params()}
-    arguments = space.logical.arguments
-    state = _votes([(arguments[0], specs[0])], skip=OPTIMIZER_PATHS)
-    batch = _votes(list(zip(arguments[1:], specs[1:], strict=False)), leading=True)
+    state = _votes(space.logical.arguments[0], specs[0], skip=OPTIMIZER_PATHS)
     batch_names = batch_axis_names(space.logical)
     values: dict[str, Any] = {}
     if "family" in params:
         values["family"] = "logical"
-    values["batch_axes"] = _most(batch, batch_names)
+    values["batch_axes"] = _batch_key(specs)
     offered = set(space.logical_axes())
     if any(n not in offered and n not in batch_names for n, seen in state.items()
            if any(key != "-" for key in seen)):
         return  # the baseline splits an axis the family cannot split
     for name in space.logical_axes():
-        values[f"logical_{name}"] = _most(state, (name,))
+        values[f"logical_{name}"] = _split(state[name])
     values.update(_knob_values(space, params, knobs))
     if any(n not in params or v not in params[n].values() for n, v in values.items()):
         return
@@ -99,11 +97,7 @@ def rule_readings(space: SearchSpace, specs: Sequence[Any],
         return
     params = space.params()
     named = {p.name: p for p in params}
-    leading: collections.Counter[str] = collections.Counter()
-    for tree in specs[1:]:
-        for _, spec in leaf_specs(tree):
-            leading[axes_key(entry_axes(spec[0] if len(spec) else None))] += 1
-    fixed = {"family": "rules", "memory_rule": False, "batch_axes": _most({"": leading}, ("",)),
+    fixed = {"family": "rules", "memory_rule": False, "batch_axes": _batch_key(specs),
              "opt_state_axes": "-", **_knob_values(space, named, knobs)}
     fixed.update({p.name: False for p in params if p.name.startswith("extra_")})
     # With the auto rule alone, the composition's order changes nothing.
@@ -126,32 +120,36 @@ def _knob_values(space: SearchSpace, params: Mapping[str, Any],
     return {f"knob_{n}": v for n, v in filled.items() if f"knob_{n}" in params}
 
 
-def _votes(arguments: Sequence[tuple[Sequence[LeafAxes], Any]], skip: str | None = None,
-           leading: bool = False) -> dict[str, collections.Counter[str]]:
+def _batch_key(specs: Sequence[Any]) -> str:
+    """The `batch_axes` value of spec trees `(state, *batch)`: the mesh-axis
+    group most of the batch arguments' leading dims carry (`_split`)."""
+    seen: collections.Counter[str] = collections.Counter()
+    for tree in specs[1:]:
+        for _, spec in leaf_specs(tree):
+            seen[axes_key(entry_axes(spec[0] if len(spec) else None))] += 1
+    return _split(seen)
+
+
+def _votes(leaves: Sequence[LeafAxes], tree: Any,
+           skip: str) -> dict[str, collections.Counter[str]]:
     """Per logical name, how often each mesh-axis group (`axes_key`) splits a
-    dim of that name, over `(leaves, spec tree)` pairs of one argument each
-    (only the leading dims with `leading`; leaves whose path matches `skip`
-    left out)."""
+    dim of that name in the spec tree of one argument (leaves whose path
+    matches `skip` left out)."""
     out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for leaves, tree in arguments:
-        specs = dict(leaf_specs(tree))
-        for leaf in leaves:
-            spec = specs.get(leaf.path)
-            if spec is None or (skip is not None and re.search(skip, leaf.path)):
-                continue
-            for d, name in enumerate(leaf.names[:1] if leading else leaf.names):
-                if name is not None:
-                    entry = spec[d] if d < len(spec) else None
-                    out[name][axes_key(entry_axes(entry))] += 1
+    specs = dict(leaf_specs(tree))
+    for leaf in leaves:
+        spec = specs.get(leaf.path)
+        if spec is None or re.search(skip, leaf.path):
+            continue
+        for d, name in enumerate(leaf.names):
+            if name is not None:
+                out[name][axes_key(entry_axes(spec[d] if d < len(spec) else None))] += 1
     return out
 
 
-def _most(votes: Mapping[str, collections.Counter[str]], names: Sequence[str]) -> str:
-    """The group most of the names' dims carry, a split before "-" (a dim
-    the assignment could not split, for its size or an axis taken, reads
-    "-" under any value); "-" when none is split."""
-    seen: collections.Counter[str] = collections.Counter()
-    for name in names:
-        seen.update(votes.get(name, {}))
+def _split(seen: collections.Counter[str]) -> str:
+    """The most frequent group, a split before "-" (a dim the rules could not
+    split, for its size or an axis taken, reads "-" whatever was asked);
+    "-" when none is split."""
     split = [(count, key) for key, count in seen.items() if key != "-"]
-    return max(split, key=lambda c: (c[0], c[1]))[1] if split else "-"
+    return max(split)[1] if split else "-"
