@@ -371,3 +371,22 @@ def test_baselines_the_space_can_build_carry_its_parameters_for_the_sampler(tmp_
     assert [r.params for r in searched] == [r.params for r in expressed]
     assert [r.outcome.fingerprint for r in searched] == [
         r.outcome.fingerprint for r in expressed]
+
+
+def test_an_optuna_without_fixed_params_is_said_and_the_search_goes_on(mesh24, monkeypatch):
+    from shardsearch.base.warnings import ShardsearchWarning
+    from shardsearch.search import loop
+
+    real = loop._Runner._express
+
+    def express(self, trial, *args):
+        return real(self, object(), *args)  # a trial without `_fixed_params`
+
+    monkeypatch.setattr(loop._Runner, "_express", express)
+    with pytest.warns(ShardsearchWarning, match="baselines' parameters are not recorded") \
+            as caught:
+        result = ss.optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=4,
+                             objective="static", quiet=True, isolate=False,
+                             storage=optuna.storages.InMemoryStorage())
+    assert sum("_fixed_params" in str(w.message) for w in caught) == 1  # once per study
+    assert all(not r.params for r in result.trials)

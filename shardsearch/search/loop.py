@@ -643,7 +643,11 @@ class _Runner:
         """Records on a baseline's trial the space's parameters whose proposal
         compiles the baseline's very program (the same fingerprint), where
         some do (`space.express`): TPE then learns from the baselines too."""
-        if not hasattr(trial, "_fixed_params"):  # an Optuna without it: nothing recorded
+        if not hasattr(trial, "_fixed_params"):
+            warn_notes([f"the baselines' parameters are not recorded, so TPE does not "
+                        f"learn from them: Optuna {optuna.__version__}'s trials have no "
+                        "_fixed_params, through which shardsearch asks a trial for fixed "
+                        "values"], self.shown)
             return
         knobs = dict(baseline.knobs)
         for values in itertools.chain(readings(self.space, specs, knobs),
