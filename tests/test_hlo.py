@@ -1319,6 +1319,29 @@ def test_kernels_keep_the_bytes_of_arrays_placed_in_another_memory_space_apart()
     assert negate.spaces == ((1, negate.bytes),) and negate.bytes == 2 * array
 
 
+def test_a_fusion_reading_two_memory_spaces_splits_its_bytes_by_space():
+    from shardsearch.cost.hlo import kernel_table
+
+    # The fusion reads one operand from memory space 1 and one from space 2
+    # and writes to device memory: its bytes split three ways, and a kernel
+    # that reads only one of them (the add) has that space alone.
+    fused = ("%fused (a: f32[2,128], b: f32[2,128]) -> f32[2,128] {\n"
+             "  %a = f32[2,128]{1,0:S(1)} parameter(0)\n"
+             "  %b = f32[2,128]{1,0:S(2)} parameter(1)\n"
+             "  ROOT %m = f32[2,128]{1,0} multiply(%a, %b)\n}\n")
+    text = module("%c = f32[2,128]{1,0:S(1)} slice(%p), slice={[0:2], [0:128]}",
+                  "%d = f32[2,128]{1,0:S(2)} slice(%p), slice={[2:4], [0:128]}",
+                  "%f = f32[2,128]{1,0} fusion(%c, %d), kind=kLoop, calls=%fused",
+                  "%g = f32[2,128]{1,0} add(%f, %d)",
+                  "ROOT %r = f32[8,128]{1,0} copy(%p)", computations=fused)
+    quarter = 2 * 128 * 4
+    kernels = {k.name: k for k in kernel_table(text)}
+    assert kernels["f"].bytes == 3 * quarter
+    assert kernels["f"].spaces == ((1, quarter), (2, quarter))
+    assert kernels["g"].spaces == ((2, quarter),)
+    assert [k.spaces for k in cost(text).kernels] == [k.spaces for k in kernels.values()]
+
+
 def test_kernel_costs_are_built_from_plain_pairs_too():
     hlo = HloCost(kernels=(((("bf16", 2.0),), 3),))
     assert hlo.kernels == (KernelCost((("bf16", 2.0),), 3.0, (), ""),)

@@ -51,6 +51,7 @@ import functools
 import math
 import operator
 import re
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from .hlo_graph import Computation, Instruction, Module, closing, parse_module, split_top
@@ -82,8 +83,6 @@ _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$(?:gemm|lt\$matmul)[^"]*"')
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[(?P<dims>[^\]]*)\]')
 
-# Per fused computation: its parameters by index, and each value's users.
-_Uses = dict[str, tuple[dict[int, str], dict[str, list[Instruction]]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,7 +435,7 @@ def parse_hlo(hlo_text: str) -> tuple[CollectiveSummary, HloCost]:
     named: list[Kernel] = []
     cost = _costs(module, named)
     if _PLACED.search(hlo_text):
-        placed = [k.spaces for k in _placed(hlo_text, named)]
+        placed = [k.spaces for k in _placed(hlo_text, module, named)]
         cost = dataclasses.replace(cost, kernels=tuple(
             k._replace(spaces=spaces) for k, spaces in zip(cost.kernels, placed, strict=True)))
     return _collectives(module), cost
@@ -469,8 +468,9 @@ def kernel_table(hlo_text: str) -> list[Kernel]:
     """:attr:`HloCost.kernels` with each entry's instruction named, in the
     same order; for comparing the model kernel by kernel with a profile."""
     named: list[Kernel] = []
-    _costs(parse_module(hlo_text), named)
-    return _placed(hlo_text, named)
+    module = parse_module(hlo_text)
+    _costs(module, named)
+    return _placed(hlo_text, module, named)
 
 
 # An array whose layout places it in memory space n > 0, as
@@ -478,21 +478,25 @@ def kernel_table(hlo_text: str) -> list[Kernel]:
 _PLACED = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\bS\(([1-9]\d*)\)[^{}]*\})")
 
 
-def _placed(hlo_text: str, named: list[Kernel]) -> list[Kernel]:
-    """`named` with each kernel's bytes per memory space: the text parsed
-    again with the arrays of one space made empty, per space it uses; what a
-    kernel loses there is what it moves in that space."""
+@functools.lru_cache(maxsize=8192)
+def _emptied(shape: str, space: int) -> str:
+    """The shape text `shape` with each array in memory space `space` made
+    empty: ``bf16[8,2048]{1,0:S(1)}`` becomes ``bf16[0]{1,0:S(1)}``."""
+    return _PLACED.sub(lambda m: f"{m[1]}[0]{m[3]}" if int(m[4]) == space else m[0], shape)
+
+
+def _placed(hlo_text: str, module: Module, named: list[Kernel]) -> list[Kernel]:
+    """`named` with each kernel's bytes per memory space: the costs of
+    `module` (parsed from `hlo_text`) counted again with the arrays of one
+    space read as empty, per space it uses; what a kernel loses there is what
+    it moves in that space."""
     spaces = sorted({int(m[4]) for m in _PLACED.finditer(hlo_text)})
-    if not spaces:  # every array in device memory: no second parse
+    if not spaces:  # every array in device memory: no second count
         return named
-    outside = []
-    for space in spaces:
-        emptied = _PLACED.sub(lambda m, n=space: f"{m[1]}[0]{m[3]}" if int(m[4]) == n
-                              else m[0], hlo_text)
-        rest: list[Kernel] = []
-        _costs(parse_module(emptied), rest)
-        # a kernel all of whose bytes sat in the space drops out of the list
-        outside.append({(k.computation, k.name): k.bytes for k in rest})
+    # per space, each kernel's bytes outside it (none: all of them in it)
+    outside = [{(computation.name, instruction.name): float(size * count)
+                for computation, instruction, count, _, size in _sized(module, _Walk(space))
+                if size and count} for space in spaces]
     return [dataclasses.replace(k, spaces=tuple(
         (space, k.bytes - found.get((k.computation, k.name), 0.0))
         for space, found in zip(spaces, outside, strict=True)
@@ -579,28 +583,20 @@ def _costs(module: Module, named: list[Kernel] | None = None) -> HloCost:
                 own[computation.name, instruction.name] = dtype, found
                 if count:
                     by_dtype[dtype] = by_dtype.get(dtype, 0.0) + found * count
-    uses: _Uses = {}
     kernels = []
-    for name in module.scheduled:
-        computation = module.computations[name]
-        count, once = module.counts[name], module.counts_once[name]
-        if not once:
+    for computation, instruction, count, once, size in _sized(module, _Walk()):
+        if size is None:
+            unknown[instruction.name] = None
             continue
-        for instruction in computation.instructions.values():
-            try:
-                size = _traffic(instruction, computation, module, uses)
-            except ValueError:  # an unknown element type or dynamic dim
-                unknown[instruction.name] = None
-                continue
-            traffic += size * count
-            traffic_once += size * once
-            work = _kernel_flops(instruction, computation, held, own)
-            if count and (size or work):
-                kernels.append(KernelCost(tuple((d, f * count) for d, f in sorted(work.items())),
-                                          float(size * count), (), instruction.opcode))
-                if named is not None:
-                    named.append(Kernel(computation.name, instruction.name,
-                                        instruction.opcode, count, *kernels[-1][:2]))
+        traffic += size * count
+        traffic_once += size * once
+        work = _kernel_flops(instruction, computation, held, own)
+        if count and (size or work):
+            kernels.append(KernelCost(tuple((d, f * count) for d, f in sorted(work.items())),
+                                      float(size * count), (), instruction.opcode))
+            if named is not None:
+                named.append(Kernel(computation.name, instruction.name,
+                                    instruction.opcode, count, *kernels[-1][:2]))
     return HloCost(
         dot_flops=flops,
         dot_flops_once=flops_once,
@@ -611,6 +607,25 @@ def _costs(module: Module, named: list[Kernel] | None = None) -> HloCost:
         custom_calls_once=tuple(sorted(custom_calls.items())),
         kernels=tuple(kernels),
     )
+
+
+def _sized(module: Module, walk: _Walk) -> Iterator[
+        tuple[Computation, Instruction, float, float, int | None]]:
+    """Each instruction of the module's scheduled computations that runs from
+    ENTRY, with its executions per step (all, and loop bodies once) and the
+    bytes one execution moves as `walk` sizes them: None for an unknown
+    element type or a dynamic dim."""
+    for name in module.scheduled:
+        computation = module.computations[name]
+        count, once = module.counts[name], module.counts_once[name]
+        if not once:
+            continue
+        for instruction in computation.instructions.values():
+            try:
+                size = _traffic(instruction, computation, module, walk)
+            except ValueError:
+                size = None
+            yield computation, instruction, count, once, size
 
 
 def _kernel_flops(instruction: Instruction, computation: Computation,
@@ -913,34 +928,57 @@ _NO_TRAFFIC = frozenset(
 _SLICES = frozenset({"slice", "dynamic-slice"})
 
 
+class _Walk:
+    """What one pass over a module's kernels carries: each fused body's
+    parameters by index and each value's users (cached, by body), and the
+    memory space whose arrays are read as empty (None: every array counts).
+
+    With ``space=1`` a ``bf16[8,128]{1,0:S(1)}`` operand counts 0 bytes: what
+    a kernel loses then is what it moves in memory space 1 (`_placed`).
+    """
+
+    def __init__(self, space: int | None = None):
+        self.space = space
+        self.uses: dict[str, tuple[dict[int, str], dict[str, list[Instruction]]]] = {}
+
+    def bytes(self, shape: str, line: str) -> int:
+        """Bytes of the shape text `shape` (of HLO line `line`), its arrays in
+        `space` read as empty."""
+        return _bytes(shape if self.space is None else _emptied(shape, self.space), line)
+
+    def shape(self, shape: str, line: str) -> int | list:
+        """`shape` read as `_parse_shape` reads it, its arrays in `space` empty."""
+        return _parse_shape(shape if self.space is None else _emptied(shape, self.space), line)
+
+
 def _traffic(
     instruction: Instruction,
     computation: Computation,
     module: Module,
-    uses: _Uses,
+    walk: _Walk,
 ) -> int:
     """Bytes one execution of an unfused instruction reads and writes."""
     opcode = instruction.opcode
     if opcode in _NO_TRAFFIC or opcode.endswith("-done"):  # a -start counted it
         return 0
     if opcode == "copy-start":  # (destination, source, context): one copy
-        shape = _parse_shape(instruction.shape, instruction.line)
+        shape = walk.shape(instruction.shape, instruction.line)
         return 2 * _total(shape[0] if isinstance(shape, list) and shape else shape)
     if opcode.endswith("-start"):
         synchronous = _as_synchronous(instruction)
         if synchronous is not None:
-            return _traffic(synchronous, computation, module, uses)
+            return _traffic(synchronous, computation, module, walk)
     if opcode in _SLICES:
-        return 2 * _bytes(instruction.shape, instruction.line)
+        return 2 * walk.bytes(instruction.shape, instruction.line)
     if opcode == "dynamic-update-slice":  # in place: only the update moves
-        return 2 * _operand_bytes(instruction, 1, computation)
+        return 2 * _operand_bytes(instruction, 1, computation, walk)
     if opcode == "fusion":
         callee = CALLS.search(instruction.attrs)
         if callee is not None:
             fused = module.computations[callee["name"]]
-            return _fusion_traffic(instruction, computation, fused, module, uses)
-    return _bytes(instruction.shape, instruction.line) + sum(
-        _operand_bytes(instruction, index, computation)
+            return _fusion_traffic(instruction, computation, fused, module, walk)
+    return walk.bytes(instruction.shape, instruction.line) + sum(
+        _operand_bytes(instruction, index, computation, walk)
         for index in range(len(instruction.operands))
     )
 
@@ -950,18 +988,19 @@ def _fusion_traffic(
     computation: Computation,
     fused: Computation,
     module: Module,
-    uses: _Uses,
+    walk: _Walk,
 ) -> int:
-    params, users = _uses_of(fused, uses)
-    traffic = _written(fused, fused.root, fusion.shape, fusion.line)
+    params, users = _uses_of(fused, walk)
+    traffic = _written(fused, fused.root, fusion.shape, fusion.line, walk)
     for index in range(len(fusion.operands)):
-        read = _param_reads(params.get(index), users, module, uses)
-        traffic += _operand_bytes(fusion, index, computation) if read is None else read
+        read = _param_reads(params.get(index), users, module, walk)
+        traffic += _operand_bytes(fusion, index, computation, walk) if read is None else read
     return traffic
 
 
-def _uses_of(fused: Computation, uses: _Uses) -> tuple[dict[int, str], dict[str, list]]:
+def _uses_of(fused: Computation, walk: _Walk) -> tuple[dict[int, str], dict[str, list]]:
     """A fused body's parameters by index and each value's users (cached)."""
+    uses = walk.uses
     if fused.name not in uses:
         params, users = {}, {}
         for instruction in fused.instructions.values():
@@ -974,7 +1013,7 @@ def _uses_of(fused: Computation, uses: _Uses) -> tuple[dict[int, str], dict[str,
 
 
 def _param_reads(name: str | None, users: dict[str, list[Instruction]], module: Module,
-                 uses: _Uses) -> int | None:
+                 walk: _Walk) -> int | None:
     """Bytes a fused body reads of its parameter `name`: the slices it takes
     of it, nothing where it updates it in place, and, where a fusion nested in
     the body takes it, what that body reads of it (a layer's weights sliced
@@ -986,16 +1025,16 @@ def _param_reads(name: str | None, users: dict[str, list[Instruction]], module: 
     total = 0
     for reader, via in readers:
         if reader.opcode in _SLICES and reader.operands[0] == via:
-            total += _bytes(reader.shape, reader.line)
+            total += walk.bytes(reader.shape, reader.line)
         elif reader.opcode == "dynamic-update-slice" and reader.operands[0] == via:
             continue  # the buffer updated in place
         elif reader.opcode == "fusion" and (callee := CALLS.search(reader.attrs)):
             inner = module.computations[callee["name"]]
-            params, inner_users = _uses_of(inner, uses)
+            params, inner_users = _uses_of(inner, walk)
             for index, operand in enumerate(reader.operands):
                 if operand != via:
                     continue
-                read = _param_reads(params.get(index), inner_users, module, uses)
+                read = _param_reads(params.get(index), inner_users, module, walk)
                 if read is None:
                     return None
                 total += read
@@ -1004,20 +1043,20 @@ def _param_reads(name: str | None, users: dict[str, list[Instruction]], module: 
     return total
 
 
-def _written(fused: Computation, name: str | None, shape: str, line: str) -> int:
+def _written(fused: Computation, name: str | None, shape: str, line: str, walk: _Walk) -> int:
     """Bytes a fused body's result ``name`` (of ``shape``) writes: an in-place
     ``dynamic-update-slice`` writes its update only, and a multi-output
     fusion's tuple root writes each element by the same rule (a layer's
     saved activation lands in its slot of the loop's stacked buffer)."""
     root = _through_bitcasts(fused, name)
     if root is not None and root.opcode == "dynamic-update-slice":
-        return _operand_bytes(root, 1, fused)
+        return _operand_bytes(root, 1, fused, walk)
     if root is not None and root.opcode == "tuple" and shape.strip().startswith("("):
         parts = split_top(shape.strip()[1:-1])
         if len(parts) == len(root.operands):
-            return sum(_written(fused, operand, part.strip(), line)
+            return sum(_written(fused, operand, part.strip(), line, walk)
                        for operand, part in zip(root.operands, parts, strict=True))
-    return _bytes(shape, line)
+    return walk.bytes(shape, line)
 
 
 def _as_synchronous(start: Instruction) -> Instruction | None:
@@ -1072,14 +1111,15 @@ def _through_bitcasts(computation: Computation, name: str | None) -> Instruction
     return instruction
 
 
-def _operand_bytes(instruction: Instruction, index: int, computation: Computation) -> int:
+def _operand_bytes(instruction: Instruction, index: int, computation: Computation,
+                   walk: _Walk) -> int:
     shape = instruction.operand_shapes[index] if index < len(instruction.operand_shapes) else ""
     if not shape:
         definition = computation.instructions.get(instruction.operands[index])
         shape = definition.shape if definition is not None else ""
     if not shape:
         raise ValueError(f"no shape for operand {index} of HLO line {instruction.line!r}")
-    return _bytes(shape, instruction.line)
+    return walk.bytes(shape, instruction.line)
 
 
 def _bytes(shape: str, line: str) -> int:
