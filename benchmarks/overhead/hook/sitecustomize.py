@@ -46,6 +46,9 @@ TARGETS = {
         "measure", "time_steps", "place", "check_finite", "first_steps"],
     "shardsearch.search.evaluation.confirm": ["retime", "compare_outputs"],
     "shardsearch.base.monitor": ["compile_within"],
+    # Stage 1's trace of the step (per knob setting), which a compile in the
+    # same process reuses: `run.py` reports it apart.
+    "shardsearch.logical.discover": ["_shared_trace"],
     "shardsearch.cost.program": ["ProgramCost.from_compiled", "ProgramCost.from_hlo",
                                  "cost_numbers", "XlaMemory.from_compiled"],
     "jax": ["clear_caches"],
