@@ -16,6 +16,12 @@ the workers finish, and then checks that the study came out whole:
   traceback, no trial closed under them and no storage given up, and every
   failed trial belongs to a killed worker.
 
+Pace: each trial of a worker stays open TRIAL_SECONDS before its candidate
+is proposed (`drill_pace/sitecustomize.py`, on the workers' PYTHONPATH), as
+while a real model compiles; mlp:tiny's few programs otherwise had the
+workers run cache hits flat out, two trials a second each, taking the cores
+from the rest of the suite while the drills' clocks ran.
+
 Durations: SHARDSEARCH_CHAOS_SECONDS is the kill drill's (default 120 s
 under CI=true, 15 s locally), its workers at a lower priority; the other
 two search for a sixth of it, within [12, 20] s (the restart drill's workers
@@ -105,6 +111,12 @@ FIRST_SEARCH = 45.0
 # the cores from the other pytest process, whose tests then ran at a fraction
 # of their speed (the suite's wall time is its CPU time over two cores).
 KILL_DRILL_NICENESS = 10
+# Each worker's trials stay open at least this long (`drill_pace/sitecustomize.py`).
+# Unpaced, the three drills alone (`CI=true`) took 423 CPU seconds in 244 s,
+# 1,064 trials in the kill drill; with 1 s, 178 CPU seconds and 426 trials,
+# still 11 kills, all mid-trial (docs/testing.md).
+TRIAL_SECONDS = 2.0
+PACE = Path(__file__).resolve().parent / "drill_pace"
 
 
 def _short_seconds() -> float:
@@ -165,7 +177,9 @@ class _Drill:
         """A new worker that searches for `search_seconds` (after its setup),
         at `niceness` above this process's scheduling priority."""
         name = f"w{len(self.workers)}"
-        env = child_env(TZ=tz)
+        env = child_env(TZ=tz, SHARDSEARCH_DRILL_TRIAL_SECONDS=str(TRIAL_SECONDS),
+                        PYTHONPATH=os.pathsep.join(filter(None, [
+                            str(PACE), os.environ.get("PYTHONPATH")])))
         cli = [*COMMAND, "--storage", self.url, "--timeout", f"{search_seconds:.1f}",
                "--seed", str(len(self.workers)), "--out", str(self.tmp_path / f"{name}.json")]
         argv = ([sys.executable, "-c", OTHER_HOST, host, *cli] if host
@@ -336,6 +350,12 @@ def _check_whole(drill: _Drill, trials: list[FrozenTrial]) -> dict[str, int]:
             taken_over += 1
             continue
         compiled[outcome["fingerprint"]] += 1
+    # The workers' trials were paced (`TRIAL_SECONDS`): each stayed open that long.
+    unpaced = [t.number for t in trials if t.state == TrialState.COMPLETE
+               and (t.datetime_complete - t.datetime_start).total_seconds() < TRIAL_SECONDS]
+    if unpaced:
+        problems.append(f"trials open for under {TRIAL_SECONDS} s, so the drill_pace hook "
+                        f"did not run in their workers: {unpaced}")
     twice = {fp: n for fp, n in compiled.items() if n > 1}
     if twice:
         problems.append(f"fingerprints compiled more than once: {twice} (trials "

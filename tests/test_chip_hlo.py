@@ -31,6 +31,12 @@ CHIPS = {
 }
 PLATFORMS = list(CHIPS)
 
+# `compiled_workload` compiles each program once per process: the module's
+# tests in one process (under `--dist loadgroup`) compile each once in all,
+# where spread over the suite's processes they compiled the same H100
+# programs (5-6 CPU seconds each) up to three times.
+pytestmark = pytest.mark.xdist_group("chip_hlo")
+
 # A scanned, rematerialised Llama (the custom workloads are stacked with remat,
 # as the real-size presets): 3 layers, so the loop runs 3 trips.
 STACKED = {"layers": 3, "d_model": 64, "heads": 4, "kv_heads": 2, "d_ff": 128, "vocab": 256,

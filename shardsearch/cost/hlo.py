@@ -84,7 +84,6 @@ _GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$(?:gemm|lt\$matmul)[^"
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[(?P<dims>[^\]]*)\]')
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Collective:
     """One collective instruction of a compiled module.
