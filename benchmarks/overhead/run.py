@@ -165,6 +165,7 @@ def breakdown(dumps: list[dict]) -> dict:
                 last in ("Trial.report", "Trial.should_prune"))
             parts["executor"] += seconds * (last in ("Isolation.evaluate", "InProcess.evaluate"))
             parts["shared trace"] += seconds * (last == "_shared_trace" and "check" in key)
+            parts["in-process candidates"] += last == "InProcess.evaluate"
             for label, suffix, _where in PARTS:
                 if last in ((suffix,) if isinstance(suffix, str) else suffix) and not any(
                         x in key for x in ("retime", "compare", "first_steps")):
@@ -285,18 +286,20 @@ def traced_report(run: dict) -> list[str]:
     ]
     shared = parts.get("shared trace", 0.0)
     if shared:
-        lines += [
-            "",
-            f"Of stage 1, {shared:.2f} s ({pct(shared, total)}) is its trace of the step "
-            "(`jax.make_jaxpr`, once per knob setting, for the memory prediction). Where "
-            "the candidates run in the study process (`--no-isolate`, a TPU chip the "
-            "process holds, a multi-process run) the compile reuses that trace instead of "
-            "tracing the step itself, as it did inside `compile_seconds` before commit "
-            f"6dc7562: counted as compile, other is {pct(other - shared, total)}"
-            + (f" ({pct(other - shared - (warmups_of(run)[0] or 0.0), total)} with the "
-               "warm-ups counted as steps)" if warmups_of(run)[0] is not None else "")
-            + ". An isolated worker traces the step again for its own compile.",
-        ]
+        said = (f"Of stage 1, {shared:.2f} s ({pct(shared, total)}) is its trace of the step "
+                "(`jax.make_jaxpr`, once per knob setting, for the memory prediction). ")
+        if parts.get("in-process candidates"):
+            warm = warmups_of(run)[0]
+            said += ("The candidates ran in the study process, so their compiles reused "
+                     "that trace instead of tracing the step themselves, as they did inside "
+                     "`compile_seconds` before commit 6dc7562: counted as compile, other is "
+                     f"{pct(other - shared, total)}"
+                     + (f" ({pct(other - shared - warm, total)} with the warm-ups counted as "
+                        "steps)" if warm is not None else "") + ".")
+        else:
+            said += ("The candidates ran in an isolated worker, whose compile traces the "
+                     "step again: here that trace is overhead.")
+        lines += ["", said]
     if b["missing"]:
         lines += ["", "Timers that found no function to wrap (renamed?): "
                       + ", ".join(f"`{m}`" for m in b["missing"])]
