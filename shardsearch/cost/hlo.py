@@ -498,9 +498,10 @@ def _placed(hlo_text: str, module: Module, named: list[Kernel]) -> list[Kernel]:
     if not spaces:  # every array in device memory: no second count
         return named
     # per space, each kernel's bytes outside it (none: all of them in it)
+    uses: dict[str, tuple[dict[int, str], dict[str, list[Instruction]]]] = {}
     outside = [{(computation.name, instruction.name): float(size * count)
-                for computation, instruction, count, _, size in _sized(module, _Walk(space))
-                if size and count} for space in spaces]
+                for computation, instruction, count, _, size in _sized(
+                    module, _Walk(space, uses)) if size and count} for space in spaces]
     return [dataclasses.replace(k, spaces=tuple(
         (space, k.bytes - found.get((k.computation, k.name), 0.0))
         for space, found in zip(spaces, outside, strict=True)
@@ -934,16 +935,20 @@ _SLICES = frozenset({"slice", "dynamic-slice"})
 
 class _Walk:
     """What one pass over a module's kernels carries: each fused body's
-    parameters by index and each value's users (cached, by body), and the
-    memory space whose arrays are read as empty (None: every array counts).
+    parameters by index and each value's users (cached, by body; `uses`
+    shares one cache between passes over the same module, since it does not
+    depend on the space), and the memory space whose arrays are read as
+    empty (None: every array counts).
 
     With ``space=1`` a ``bf16[8,128]{1,0:S(1)}`` operand counts 0 bytes: what
     a kernel loses then is what it moves in memory space 1 (`_placed`).
     """
 
-    def __init__(self, space: int | None = None):
+    def __init__(self, space: int | None = None,
+                 uses: dict[str, tuple[dict[int, str], dict[str, list[Instruction]]]]
+                 | None = None):
         self.space = space
-        self.uses: dict[str, tuple[dict[int, str], dict[str, list[Instruction]]]] = {}
+        self.uses = {} if uses is None else uses
 
     def bytes(self, shape: str, line: str) -> int:
         """Bytes of the shape text `shape` (of HLO line `line`), its arrays in
