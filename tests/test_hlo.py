@@ -1342,6 +1342,34 @@ def test_a_fusion_reading_two_memory_spaces_splits_its_bytes_by_space():
     assert [k.spaces for k in cost(text).kernels] == [k.spaces for k in kernels.values()]
 
 
+def test_a_slice_reads_from_the_space_its_operand_is_in():
+    from shardsearch.cost.hlo import kernel_table
+
+    # %c sits in memory space 1. The fusion slices a quarter out of it (its
+    # parameter's layout says S(1); the slice's own shape carries no space)
+    # and writes to device memory; the plain slice %s does the same unfused;
+    # %t slices device memory into space 1. Each reads from where its operand
+    # is and writes where its result is.
+    fused = ("%fused (a: f32[8,128]) -> f32[2,128] {\n"
+             "  %a = f32[8,128]{1,0:T(8,128)S(1)} parameter(0)\n"
+             "  %q = f32[2,128]{1,0} slice(%a), slice={[0:2], [0:128]}\n"
+             "  ROOT %n = f32[2,128]{1,0} negate(%q)\n}\n")
+    text = module("%c = f32[8,128]{1,0:T(8,128)S(1)} copy(%p)",
+                  "%f = f32[2,128]{1,0} fusion(%c), kind=kLoop, calls=%fused",
+                  "%s = f32[2,128]{1,0} slice(%c), slice={[2:4], [0:128]}",
+                  "%t = f32[2,128]{1,0:S(1)} slice(%p), slice={[4:6], [0:128]}",
+                  "ROOT %r = f32[2,128]{1,0} add(%f, %s)", computations=fused)
+    quarter = 2 * 128 * 4
+    kernels = {k.name: k for k in kernel_table(text)}
+    for name in ("f", "s", "t"):
+        assert kernels[name].bytes == 2 * quarter, name
+        assert kernels[name].spaces == ((1, quarter),), name
+    # In device memory throughout, nothing is in space 1, and the totals agree.
+    flat = {k.name: k for k in kernel_table(text.replace("S(1)", ""))}
+    assert all(not k.spaces for k in flat.values())
+    assert [k.bytes for k in flat.values()] == [k.bytes for k in kernels.values()]
+
+
 def test_kernel_costs_are_built_from_plain_pairs_too():
     hlo = HloCost(kernels=(((("bf16", 2.0),), 3),))
     assert hlo.kernels == (KernelCost((("bf16", 2.0),), 3.0, (), ""),)

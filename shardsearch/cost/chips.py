@@ -47,16 +47,19 @@ NAMED: dict[str, HardwareModel] = {
         dcn=Link(bandwidth=3.1e9, latency=_DCN_LATENCY),
         overlap=OVERLAPPED,
         about=(("source", "Cloud TPU v5e docs; JAX scaling book (tpus.md)"),),
-        # Measured on one v5e: 13 programs at 0.94-1.09x of their step times
-        # priced per kernel, 0.87-1.47x as a whole (benchmarks/results/v5e/grid.md).
+        # Measured on one v5e: 13 programs of 0.15 s or more at 1.01-1.10x of
+        # their step times priced per kernel, 0.87-1.47x as a whole; gpt:small's
+        # 2 ms steps about 3x under, the chip's time outside the kernels
+        # (benchmarks/results/v5e/grid.md).
         per_op=True,
         # Fitted to the traced kernels of a 400M llama's seven knob settings
         # (least squares over 400 memory-bound kernels): 690 GB/s for HBM,
-        # 2.68 TB/s for what the compiler placed in memory space 1; its copies
+        # 2.65 TB/s for what the compiler placed in memory space 1 (2.68
+        # before a slice's read was counted in its operand's space); its copies
         # into that space run beside the kernels. Tested on the shapes not
         # fitted to: 37 of 42 pairs of settings ordered as the chip ran them,
         # against 14 with every byte at 810 GB/s (benchmarks/results/v5e/kernels.md).
-        memory_spaces=((0, 6.9e11), (1, 2.68e12)), asynchronous=("copy-start",)),
+        memory_spaces=((0, 6.9e11), (1, 2.65e12)), asynchronous=("copy-start",)),
     "tpu-v5p": HardwareModel(
         "tpu-v5p (95 GiB HBM, 3D torus ICI)",
         # bf16 peak 4.59e14 FLOP/s (Cloud TPU v5p docs); f32 matmuls as above.

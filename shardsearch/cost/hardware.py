@@ -87,10 +87,11 @@ class HardwareModel:
       per_op: price each kernel of the program by its own roofline and sum
         them (`Breakdown.kernels`), instead of the whole program's
         max(compute, memory), for programs compiled for an accelerator
-        (`prices_kernels`). On one TPU v5e it put 13 programs within
-        0.94-1.09x of their measured step times, where the whole-program
-        roofline was 0.87-1.47x and ordered fewer pairs of knob settings as
-        the chip did (benchmarks/results/v5e/grid.md).
+        (`prices_kernels`). On one TPU v5e it puts 13 programs of 0.15 s or
+        more within 1.01-1.10x of their measured step times, where the
+        whole-program roofline was 0.87-1.47x and ordered fewer pairs of knob
+        settings as the chip did; a 2 ms step it prices about 3x under, the
+        chip's time outside the kernels (benchmarks/results/v5e/grid.md).
       memory_spaces: per-kernel pricing only: bytes per second by memory
         space, ``(space, bandwidth)`` pairs. Space 0 is device memory (where
         given, it replaces `memory_bandwidth` for kernels); space ``n > 0``

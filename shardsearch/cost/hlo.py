@@ -959,6 +959,10 @@ class _Walk:
         """`shape` read as `_parse_shape` reads it, its arrays in `space` empty."""
         return _parse_shape(shape if self.space is None else _emptied(shape, self.space), line)
 
+    def empties(self, shape: str) -> bool:
+        """Whether `shape` holds an array in `space` (read as empty here)."""
+        return self.space is not None and _emptied(shape, self.space) != shape
+
 
 def _traffic(
     instruction: Instruction,
@@ -977,8 +981,12 @@ def _traffic(
         synchronous = _as_synchronous(instruction)
         if synchronous is not None:
             return _traffic(synchronous, computation, module, walk)
-    if opcode in _SLICES:
-        return 2 * walk.bytes(instruction.shape, instruction.line)
+    if opcode in _SLICES:  # reads what it writes, from where its operand is
+        written = walk.bytes(instruction.shape, instruction.line)
+        if walk.space is None:
+            return 2 * written
+        placed = walk.empties(_operand_shape(instruction, 0, computation))
+        return written + (0 if placed else _bytes(instruction.shape, instruction.line))
     if opcode == "dynamic-update-slice":  # in place: only the update moves
         return 2 * _operand_bytes(instruction, 1, computation, walk)
     if opcode == "fusion":
@@ -1002,9 +1010,18 @@ def _fusion_traffic(
     params, users = _uses_of(fused, walk)
     traffic = _written(fused, fused.root, fusion.shape, fusion.line, walk)
     for index in range(len(fusion.operands)):
-        read = _param_reads(params.get(index), users, module, walk)
+        read = _param_reads(params.get(index), users, module, walk, _in_space(fused, params,
+                                                                              index, walk))
         traffic += _operand_bytes(fusion, index, computation, walk) if read is None else read
     return traffic
+
+
+def _in_space(fused: Computation, params: dict[int, str], index: int, walk: _Walk) -> bool:
+    """Whether a fused body's parameter `index` is an array of the space
+    `walk` reads as empty (its layout says so: ``{1,0:T(8,128)S(1)}``)."""
+    name = params.get(index)
+    parameter = fused.instructions.get(name) if name is not None else None
+    return parameter is not None and walk.empties(parameter.shape)
 
 
 def _uses_of(fused: Computation, walk: _Walk) -> tuple[dict[int, str], dict[str, list]]:
@@ -1022,19 +1039,23 @@ def _uses_of(fused: Computation, walk: _Walk) -> tuple[dict[int, str], dict[str,
 
 
 def _param_reads(name: str | None, users: dict[str, list[Instruction]], module: Module,
-                 walk: _Walk) -> int | None:
+                 walk: _Walk, placed: bool = False) -> int | None:
     """Bytes a fused body reads of its parameter `name`: the slices it takes
     of it, nothing where it updates it in place, and, where a fusion nested in
     the body takes it, what that body reads of it (a layer's weights sliced
     out of the scan's stacked ones, one fusion deeper). None when it reads
-    it whole, or in a way not followed (then the whole operand counts)."""
+    it whole, or in a way not followed (then the whole operand counts).
+
+    `placed`: the parameter is an array of the space `walk` reads as empty,
+    so what its slices read is read there (a slice's own shape, in the
+    kernel's registers, says nothing of where it was read from)."""
     readers = _readers(name, users)
     if not readers:
         return None
     total = 0
     for reader, via in readers:
         if reader.opcode in _SLICES and reader.operands[0] == via:
-            total += walk.bytes(reader.shape, reader.line)
+            total += 0 if placed else walk.bytes(reader.shape, reader.line)
         elif reader.opcode == "dynamic-update-slice" and reader.operands[0] == via:
             continue  # the buffer updated in place
         elif reader.opcode == "fusion" and (callee := CALLS.search(reader.attrs)):
@@ -1043,7 +1064,8 @@ def _param_reads(name: str | None, users: dict[str, list[Instruction]], module: 
             for index, operand in enumerate(reader.operands):
                 if operand != via:
                     continue
-                read = _param_reads(params.get(index), inner_users, module, walk)
+                read = _param_reads(params.get(index), inner_users, module, walk,
+                                    placed or _in_space(inner, params, index, walk))
                 if read is None:
                     return None
                 total += read
@@ -1122,13 +1144,17 @@ def _through_bitcasts(computation: Computation, name: str | None) -> Instruction
 
 def _operand_bytes(instruction: Instruction, index: int, computation: Computation,
                    walk: _Walk) -> int:
+    return walk.bytes(_operand_shape(instruction, index, computation), instruction.line)
+
+
+def _operand_shape(instruction: Instruction, index: int, computation: Computation) -> str:
     shape = instruction.operand_shapes[index] if index < len(instruction.operand_shapes) else ""
     if not shape:
         definition = computation.instructions.get(instruction.operands[index])
         shape = definition.shape if definition is not None else ""
     if not shape:
         raise ValueError(f"no shape for operand {index} of HLO line {instruction.line!r}")
-    return walk.bytes(shape, instruction.line)
+    return shape
 
 
 def _bytes(shape: str, line: str) -> int:
