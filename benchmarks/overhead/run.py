@@ -77,7 +77,15 @@ PARTS = [
     ("compile claim (`CompileClaims.acquire`: an SQLite insert)", "CompileClaims.acquire",
      "study"),
     ("NaN checks after warm-ups and steps (`check_finite`)", "check_finite", "job"),
+    # Inside the executor's call, once per knob setting (with the activation
+    # pins, most candidates bring one): not transport.
+    ("a knob setting's step packed for the worker (`package_step`: traced, exported or "
+     "hashed)", "package_step", "study"),
+    ("a knob setting's step rebuilt in the worker (`worker._step`: traced, its jaxpr hashed "
+     "and checked; the setting's first compile reuses the trace)", "_step", "job"),
 ]
+# The parts above that run inside the executor's call, taken out of "worker transport".
+IN_EXECUTOR = ("package_step", "_step")
 
 
 def run_job(trials: int, isolate: bool, trace: bool, job: list[str] = JOB) -> dict:
@@ -260,7 +268,8 @@ def traced_report(run: dict) -> list[str]:
     ranked = sorted(((label, parts.get(label, 0.0)) for label, *_ in PARTS),
                     key=lambda x: -x[1])
     named = sum(v for _, v in ranked)
-    transport = parts.get("executor", 0.0) - parts.get("compile_and_score", 0.0)
+    transport = parts.get("executor", 0.0) - parts.get("compile_and_score", 0.0) - sum(
+        parts.get(label, 0.0) for label, suffix, _ in PARTS if suffix in IN_EXECUTOR)
     lines = [
         "## Where \"other\" goes (the traced run)",
         "",
@@ -276,8 +285,9 @@ def traced_report(run: dict) -> list[str]:
     for label, seconds in ranked:
         lines.append(f"| {label} | {seconds:.2f} | {pct(seconds, total)} |")
     lines += [
-        f"| worker transport (the executor's call minus the job it ran: pipes, "
-        f"pickling, the log read; 0 in-process) | {transport:.2f} | {pct(transport, total)} |",
+        f"| worker transport (the executor's call minus the job it ran and the steps "
+        f"packed and rebuilt: pipes, pickling, the log read; 0 in-process) "
+        f"| {transport:.2f} | {pct(transport, total)} |",
         f"| not named above (the study process's own steps between them, the timers) "
         f"| {other - named - transport:.2f} | {pct(other - named - transport, total)} |",
         "",
@@ -297,8 +307,10 @@ def traced_report(run: dict) -> list[str]:
                      + (f" ({pct(other - shared - warm, total)} with the warm-ups counted as "
                         "steps)" if warm is not None else "") + ".")
         else:
-            said += ("The candidates ran in an isolated worker, whose compile traces the "
-                     "step again: here that trace is overhead.")
+            said += ("The candidates ran in an isolated worker, which traces the step "
+                     "again when it rebuilds a knob setting's step (`worker._step`, above; "
+                     "that setting's first compile reuses its trace): here stage 1's trace "
+                     "is overhead.")
         lines += ["", said]
     if b["missing"]:
         lines += ["", "Timers that found no function to wrap (renamed?): "

@@ -38,6 +38,9 @@ TARGETS = {
         "Isolation.evaluate", "Isolation._request", "_Worker.send", "_Worker.recv",
         "_Worker.take_log", "Isolation._worker"],
     "shardsearch.search.execution.inprocess": ["InProcess.evaluate"],
+    # A knob setting's step, packed in the study process and rebuilt in the worker.
+    "shardsearch.search.execution.transport": ["package_step", "jaxpr_digest"],
+    "shardsearch.search.execution.worker": ["_step"],
     "optuna.trial._trial": ["Trial.report", "Trial.should_prune", "Trial.set_user_attr"],
     "optuna.study.study": ["Study.tell", "Study.ask"],
     # Both: the pipeline of one candidate.
