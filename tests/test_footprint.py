@@ -244,14 +244,17 @@ def test_candidates_apart_only_in_where_activations_go_calibrate_each_other():
                # Its points are none of the above's, its pool theirs: judged
                # (0.8 x 200 = 160 > 150) and XLA agrees.
                _record(3, 170, 200, (("act_batch", "tp"), ("act_heads", "dp"))),
-               # The batch left to XLA ("auto" or not named), or other step
-               # knobs: other pools, with no samples before them.
+               # The batch left to XLA ("auto" or not named): another pool,
+               # with no samples before them, and it borrows none.
                _record(4, 500, 100, (("act_mlp", "tp"),)),
                _record(5, 500, 100, (("act_batch", "auto"),)),
+               # Other step knobs, the batch placed: its own pool is empty, so
+               # it borrows the four placed ones (0.8 x 100 = 80 < 150): judged,
+               # and missed.
                _record(6, 500, 100, (*placed, ("remat", "full")))]
     assert prediction_summary(records, 150, margin=1.0) == {
-        "cut_before_compile": 0, "judged": 1, "over": 1, "flagged": 1, "agree": 1,
-        "false_cuts": 0, "missed": 0}
+        "cut_before_compile": 0, "judged": 2, "over": 2, "flagged": 1, "agree": 1,
+        "false_cuts": 0, "missed": 1}
     # Stage 1 reads the same pools off the study's trials.
     from shardsearch.search.study import attrs
     from shardsearch.search.study.record import memory_ratios
@@ -261,10 +264,38 @@ def test_candidates_apart_only_in_where_activations_go_calibrate_each_other():
         user_attrs={attrs.OUTCOME: r.outcome.to_json(), attrs.KNOBS: dict(r.knobs)})
         for r in records]
     assert memory_ratios(trials, (("act_batch", "fsdp"), ("act_seq", "tp"))) == (
-        1.0, 0.8, 0.9, 0.85)
-    assert memory_ratios(trials, ()) == memory_ratios(trials, (("act_mlp", "dp"),)) == (5.0, 5.0)
-    assert memory_ratios(trials, (("remat", "full"), ("act_batch", "tp"))) == (5.0,)
-    assert memory_ratios(trials, (("remat", "none"),)) == ()
+        (1.0, 0.8, 0.9, 0.85), False)
+    assert memory_ratios(trials, ()) == memory_ratios(trials, (("act_mlp", "dp"),)) == (
+        (5.0, 5.0), False)
+    # One of its own, so it borrows every placed candidate's, its own among them.
+    assert memory_ratios(trials, (("remat", "full"), ("act_batch", "tp"))) == (
+        (1.0, 0.8, 0.9, 0.85, 5.0), True)
+    # Left to XLA, it borrows nothing, however many placed ones there are.
+    assert memory_ratios(trials, (("remat", "none"),)) == ((), False)
+
+
+def test_a_placed_candidate_of_a_thin_pool_is_cut_on_borrowed_ratios(mesh24):
+    from shardsearch.search.evaluation.evaluate import pool_ratios
+
+    placed, loose = (("act_batch", True),), (("act_batch", False),)
+    full = (("act_batch", True), ("remat", "full"))
+    by_pool = {placed: [1.0, 1.2], full: [1.1], loose: [0.5, 0.6, 0.7]}
+    # Own pool first once it holds three; before, the placed pools' together.
+    assert pool_ratios(by_pool, (("act_batch", "dp"),)) == ((1.0, 1.2, 1.1), True)
+    assert pool_ratios({**by_pool, placed: [1.0, 1.2, 1.3]}, (("act_batch", "dp"),)) == (
+        (1.0, 1.2, 1.3), False)
+    # Fewer than three placed in all: nothing to borrow.
+    assert pool_ratios({placed: [1.0], loose: [0.5, 0.6, 0.7]}, (("act_batch", "dp"),)) == (
+        (1.0,), False)
+    # The batch left to XLA: its own pool only, never the placed ones.
+    assert pool_ratios({placed: [1.0, 1.2, 1.3]}, ()) == ((), False)
+    # The cut says where its ratios came from.
+    ctx, specs, fp = _static_context(mesh24)
+    tight = dataclasses.replace(ctx, budget=_evaluate.check(specs, fp, ctx)[1]["predicted"] // 2)
+    cut, _ = _evaluate.check(specs, fp, tight, ratios=(1.0, 1.0, 1.0), borrowed=True)
+    assert cut is not None and "whose activations' batch is placed" in cut.reason
+    cut, _ = _evaluate.check(specs, fp, tight, ratios=(1.0, 1.0, 1.0))
+    assert cut is not None and "with its step knobs and batch placement" in cut.reason
 
 
 def test_stage_1_cuts_by_the_square_root_of_the_spread():

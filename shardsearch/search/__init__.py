@@ -26,8 +26,8 @@ bytes per memory space, as `ProgramCost.hlo.kernels` holds them),
 prices them, named, to set beside a profile), `registered_kinds` and `rule_from_config`
 (rule kinds), `plan_config` (a plan's data without writing it),
 `parse_bytes`, and stage 1's memory prediction (`trace_program`,
-`predict_footprint`, `Footprint`, and `prediction_pool`: which compiled
-candidates scale a candidate's prediction).
+`predict_footprint`, `Footprint`, `prediction_pool` and `pool_ratios`:
+which compiled candidates scale a candidate's prediction).
 """
 
 from ..base.target import TargetUnavailable as TargetUnavailable
@@ -53,6 +53,7 @@ from .evaluation.confirm import median_ci as median_ci
 from .evaluation.confirm import retime as retime
 from .evaluation.context import Context as Context
 from .evaluation.evaluate import evaluate as evaluate
+from .evaluation.evaluate import pool_ratios as pool_ratios
 from .evaluation.evaluate import prediction_pool as prediction_pool
 from .evaluation.evaluate import resolve as resolve
 from .evaluation.objectives import OBJECTIVES as OBJECTIVES
@@ -132,6 +133,7 @@ __all__ = [
     "pin_batch",
     "plan_config",
     "plan_differences",
+    "pool_ratios",
     "predict_footprint",
     "prediction_pool",
     "prediction_summary",

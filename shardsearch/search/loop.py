@@ -621,12 +621,13 @@ class _Runner:
             trials = (self.study.get_trials(deepcopy=False)
                       if scales or self.ctx.objective.needs_estimates else ())
             estimates = recorded_estimates(trials) if self.ctx.objective.needs_estimates else ()
-            ratios = memory_ratios(trials, candidate.knobs) if scales else ()
+            ratios, borrowed = memory_ratios(trials, candidate.knobs) if scales else ((), False)
             # Recorded by the executor if it ends stuck in this candidate.
             with interruptible(), self.ctx.executor.guard(
                     lambda failed: self.record(trial, candidate, failed, start)):
                 outcome = _evaluate.evaluate(specs, fp, self.ctx.with_setting(candidate.knobs),
-                                             report, estimates=estimates, ratios=ratios)
+                                             report, estimates=estimates, ratios=ratios,
+                                             borrowed=borrowed)
             notes = candidate.notes(self.ctx.abstract_args)
             if notes:
                 outcome = dataclasses.replace(outcome, notes=notes + outcome.notes)

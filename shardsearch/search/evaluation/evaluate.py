@@ -117,7 +117,7 @@ def resolve(candidate: Candidate, ctx: Context) -> tuple[tuple[Any, ...] | None,
 
 
 def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] = (),
-          ) -> tuple[Outcome | None, dict[str, int]]:
+          borrowed: bool = False) -> tuple[Outcome | None, dict[str, int]]:
     """Stage 1: `(None, memory)` when the specs pass, else `(the cut Outcome,
     memory)`; `memory` holds the argument bytes per device ("arguments") once
     the specs are valid, and the jaxpr's prediction ("predicted", unless the
@@ -133,6 +133,9 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
         than the limit even if XLA packed it tighter, relative to the
         prediction, than any candidate it compiled so far, by half as much
         again (in log terms) as they differed.
+      borrowed: the ratios are those of every compiled candidate whose
+        activations' batch is placed, its pool holding too few
+        (`pool_ratios`); the cut's reason says so.
     """
     analyzer = ctx.analyzer
     issues = analyzer.validate_partition_specs(tuple(ctx.abstract_args), tuple(specs))
@@ -160,7 +163,10 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
             f"{PREDICTED} to need {int(predicted * scale)} bytes per device "
             f"(its arguments and the step's live values, {predicted}, times {scale:.2f}: "
             f"the least XLA needed per predicted byte among the study's {len(ratios)} "
-            "compiled candidates with its step knobs and batch placement), "
+            + ("compiled candidates whose activations' batch is placed, fewer than "
+               f"{PREDICTION_SAMPLES} sharing its step knobs), " if borrowed else
+               "compiled candidates with its step knobs and batch placement), ")
+            +
             f"over {_limit_text(ctx, limit)} "
             f"by more than {stage_margin(ratios):.2f}x (the square root of those ratios' "
             "spread)",
@@ -206,6 +212,39 @@ def prediction_pool(setting: Iterable[tuple[str, Any]] | Mapping[str, Any]
     own, rules = split_setting(tuple(setting.items() if isinstance(setting, Mapping)
                                      else setting))
     return tuple(sorted((*own, (BATCH_KNOB, BATCH in rules))))
+
+
+def pool_ratios(by_pool: Mapping[tuple[tuple[str, Any], ...], Sequence[float]],
+                setting: Iterable[tuple[str, Any]] | Mapping[str, Any]
+                ) -> tuple[tuple[float, ...], bool]:
+    """The ratios XLA total / prediction that scale the prediction of a
+    candidate with knob `setting`, from the compiled candidates' ratios by
+    pool (`prediction_pool`), and whether they are borrowed.
+
+    Its own pool's, once it holds `PREDICTION_SAMPLES`. Before that, a
+    candidate whose activations' batch is placed borrows the ratios of every
+    compiled candidate whose batch is placed, whatever their step knobs: the
+    prediction follows remat and microbatches, and the margin widens with
+    the spread the borrowed ratios bring. A candidate whose batch is left to
+    XLA borrows nothing: XLA may split what the prediction keeps whole.
+    Replayed on 36 studies of five suites, stage 1 cut 46 candidates the
+    compiler put over the limit with borrowing, 36 without, none that fit
+    either way; borrowing for a batch left to XLA too cut one that fit (a
+    MaxText 32B candidate predicted at 147.7 GiB where XLA needed 80.6,
+    under a 95 GiB budget; `benchmarks/results/prediction/borrowed.md`).
+
+    Example:
+      >>> pool_ratios({(("act_batch", True),): (1.2, 1.3, 1.5)},
+      ...             (("act_batch", "dp"), ("remat", "full")))
+      ((1.2, 1.3, 1.5), True)
+    """
+    pool = prediction_pool(setting)
+    own = tuple(by_pool.get(pool, ()))
+    if len(own) >= PREDICTION_SAMPLES or not dict(pool)[BATCH_KNOB]:
+        return own, False
+    placed = tuple(r for key, values in by_pool.items() if dict(key)[BATCH_KNOB]
+                   for r in values)
+    return (placed, True) if len(placed) >= PREDICTION_SAMPLES else (own, False)
 
 
 def stage_margin(ratios: Sequence[float]) -> float:
@@ -424,6 +463,7 @@ def evaluate(
     run: bool = True,
     estimates: Sequence[float] = (),
     ratios: Sequence[float] = (),
+    borrowed: bool = False,
 ) -> Outcome:
     """Runs stages 1 and 2 on resolved specs, then the objective; says what happened.
 
@@ -447,10 +487,11 @@ def evaluate(
         "hybrid" objective compares this candidate with. They belong to this
         trial, so they travel with it (`CompiledCandidate.estimates`).
       ratios: XLA's total over the predicted memory for the study's compiled
-        candidates with this knob setting (`check`), which travel with the
-        trial too.
+        candidates of this one's pool, or `borrowed` from every candidate
+        whose activations' batch is placed (`pool_ratios`, `check`), which
+        travel with the trial too.
     """
-    cut, memory = check(specs, fp, ctx, ratios)
+    cut, memory = check(specs, fp, ctx, ratios, borrowed)
     if cut is not None:
         return dataclasses.replace(cut, notes=cut.notes + prediction_notes(ctx))
     outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, report, run,

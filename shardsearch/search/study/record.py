@@ -23,7 +23,7 @@ from typing import Any
 
 import optuna
 
-from ..evaluation.evaluate import over_by_prediction, prediction_pool
+from ..evaluation.evaluate import over_by_prediction, pool_ratios, prediction_pool
 from ..evaluation.outcome import PREDICTED, PREDICTION_SAMPLES, Outcome
 from ..evaluation.stages import COMPLETE, CUT, FAILED, Stage
 from . import attrs as _attrs
@@ -205,28 +205,33 @@ def recorded_estimates(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[floa
 
 
 def memory_ratios(trials: Iterable[optuna.trial.FrozenTrial],
-                  setting: Iterable[tuple[str, Any]] = ()) -> tuple[float, ...]:
+                  setting: Iterable[tuple[str, Any]] = ()) -> tuple[tuple[float, ...], bool]:
     """XLA's total bytes per device over stage 1's prediction, for the
-    trials whose candidate compiled, one per distinct candidate, that share a
-    pool with a candidate of this knob setting (`evaluation.evaluate.prediction_pool`):
-    what stage 1 scales a prediction by (`evaluation.evaluate.check`).
+    trials whose candidate compiled, one per distinct candidate: those of the
+    pool of a candidate of this knob setting (`evaluation.evaluate.prediction_pool`),
+    or borrowed from every pool whose activations' batch is placed while its
+    own holds too few (`evaluation.evaluate.pool_ratios`): what stage 1
+    scales a prediction by (`evaluation.evaluate.check`), and whether they
+    are borrowed.
 
     Example:
       >>> memory_ratios(study.get_trials(deepcopy=False), (("remat", "full"),))
-      (0.71, 0.93, 1.04)
+      ((0.71, 0.93, 1.04), False)
     """
-    wanted = prediction_pool(setting)
-    by_candidate: dict[str, float] = {}
+    by_candidate: dict[str, tuple[tuple[tuple[str, Any], ...], float]] = {}
     for trial in trials:
         outcome = trial.user_attrs.get(_attrs.OUTCOME) or {}
         memory = outcome.get("memory") or {}
         total, predicted = memory.get("total"), memory.get("predicted")
-        if not total or not predicted or \
-                prediction_pool(trial.user_attrs.get(_attrs.KNOBS) or {}) != wanted:
+        if not total or not predicted:
             continue
         key = outcome.get("fingerprint") or f"trial {trial.number}"
-        by_candidate.setdefault(key, total / predicted)
-    return tuple(by_candidate.values())
+        by_candidate.setdefault(key, (prediction_pool(trial.user_attrs.get(_attrs.KNOBS)
+                                                      or {}), total / predicted))
+    by_pool: dict[tuple[tuple[str, Any], ...], list[float]] = {}
+    for pool, ratio in by_candidate.values():
+        by_pool.setdefault(pool, []).append(ratio)
+    return pool_ratios(by_pool, setting)
 
 
 def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
@@ -236,7 +241,8 @@ def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
     Each compiled candidate (a distinct one, in trial order) is judged as
     stage 1 would have judged it then: its prediction times the least ratio
     of XLA's total to the prediction among the compiled candidates before it
-    in its pool (`evaluation.evaluate.prediction_pool`), once there are
+    in its pool, or borrowed as stage 1 borrows them
+    (`evaluation.evaluate.pool_ratios`), once there are
     `PREDICTION_SAMPLES` of them, over
     the limit times `margin` (None: stage 1's, the square root of the spread
     of those ratios; `evaluation.evaluate.stage_margin`). With
@@ -255,7 +261,7 @@ def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
     out = dict.fromkeys(("cut_before_compile", "judged", "over", "flagged", "agree",
                          "false_cuts", "missed"), 0)
     seen: dict[str, None] = {}
-    ratios: dict[tuple[tuple[str, Any], ...], list[float]] = {}
+    by_pool: dict[tuple[tuple[str, Any], ...], list[float]] = {}
     for record in sorted(records, key=lambda r: r.number):
         outcome = record.outcome
         if outcome.cache_hit or not outcome.fingerprint or outcome.fingerprint in seen:
@@ -266,7 +272,7 @@ def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
         total, predicted = outcome.memory.get("total"), outcome.memory.get("predicted")
         if limit is None or not total or not predicted:
             continue
-        earlier = ratios.setdefault(prediction_pool(record.knobs), [])
+        earlier, _ = pool_ratios(by_pool, record.knobs)
         if len(earlier) >= PREDICTION_SAMPLES:
             over = total > limit
             flagged = over_by_prediction(predicted, earlier, limit, margin)
@@ -276,7 +282,7 @@ def prediction_summary(records: Iterable[TrialRecord], limit: int | None,
             out["agree"] += over == flagged
             out["false_cuts"] += flagged and not over
             out["missed"] += over and not flagged
-        earlier.append(total / predicted)
+        by_pool.setdefault(prediction_pool(record.knobs), []).append(total / predicted)
     return out
 
 
