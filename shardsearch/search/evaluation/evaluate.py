@@ -158,16 +158,15 @@ def check(specs: Sequence[Any], fp: str, ctx: Context, ratios: Sequence[float] =
     if (ctx.memory_prediction == "cut" and limit is not None
             and len(ratios) >= PREDICTION_SAMPLES and over_by_prediction(predicted, ratios, limit)):
         scale = min(ratios)
+        among = (f"compiled candidates whose activations' batch is placed, fewer than "
+                 f"{PREDICTION_SAMPLES} sharing its step knobs" if borrowed else
+                 "compiled candidates with its step knobs and batch placement")
         return Outcome(
             fp, CUT, Stage.CHECK,
             f"{PREDICTED} to need {int(predicted * scale)} bytes per device "
             f"(its arguments and the step's live values, {predicted}, times {scale:.2f}: "
             f"the least XLA needed per predicted byte among the study's {len(ratios)} "
-            + ("compiled candidates whose activations' batch is placed, fewer than "
-               f"{PREDICTION_SAMPLES} sharing its step knobs), " if borrowed else
-               "compiled candidates with its step knobs and batch placement), ")
-            +
-            f"over {_limit_text(ctx, limit)} "
+            f"{among}), over {_limit_text(ctx, limit)} "
             f"by more than {stage_margin(ratios):.2f}x (the square root of those ratios' "
             "spread)",
             memory=memory), memory
