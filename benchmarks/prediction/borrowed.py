@@ -31,25 +31,15 @@ through, so their candidates cut before compiling are not judged here.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import optuna
+from margins import SAMPLES, suite_studies  # beside this file
 
 from shardsearch.search import pool_ratios, prediction_pool
 
-SAMPLES = 3  # shardsearch's PREDICTION_SAMPLES
 WAYS = ("own pool", "borrowed when placed", "borrowed always")
-
-
-def limit_of(entry: dict) -> int | None:
-    """The entry's budget, else its hardware model's memory."""
-    budget = entry["budget"].get("bytes") or entry["budget"].get("chip_bytes")
-    if budget:
-        return budget
-    found = re.search(r"\((\d+) GiB HBM", str(entry.get("hardware_model")))
-    return int(found.group(1)) * 2**30 if found else None
 
 
 def ratios_for(way: str, by_pool: dict, knobs: dict) -> tuple[tuple[float, ...], bool]:
@@ -111,23 +101,14 @@ def main(argv: list[str]) -> int:
         machine = json.loads((folder / "machine.json").read_text())
         lines.append(f"- `{folder}`: `{machine.get('command')}` "
                      f"({machine.get('recorded_at', '?')[:10]})")
-        storage = f"sqlite:///{folder / 'studies.db'}"
-        names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
-        for path in sorted((folder / "entries").glob("*.json")):
-            entry = json.loads(path.read_text())
-            limit = limit_of(entry)
-            if limit is None or entry["search"]["study"] not in names:
-                continue
-            trials = optuna.load_study(study_name=entry["search"]["study"],
-                                       storage=storage).trials
+        for name, limit, trials in suite_studies(folder):
             cells = []
             for way in WAYS:
                 counts, said = judge(trials, limit, way)
                 totals[way] = [a + b for a, b in zip(totals[way], counts, strict=True)]
                 cells.append(f"{counts[0]} / {counts[1]} / {counts[2]}")
-                notes += [f"- {folder.name}/{path.stem}, {way}: {s}" for s in said]
-            rows.append(f"| {folder.name}/{path.stem} | {limit / 2**30:.0f} | "
-                        + " | ".join(cells) + " |")
+                notes += [f"- {name}, {way}: {s}" for s in said]
+            rows.append(f"| {name} | {limit / 2**30:.0f} | " + " | ".join(cells) + " |")
     lines += ["", "Right / false / missed cuts per entry (module docstring):", "",
               "| entry | limit GiB | " + " | ".join(WAYS) + " |",
               "|---|---|" + "---|" * len(WAYS), *rows,

@@ -110,6 +110,21 @@ def judge(trials: Sequence[optuna.trial.FrozenTrial], limit: int,
     return counts
 
 
+def suite_studies(folder: Path) -> list[tuple[str, int, list]]:
+    """`(folder/entry, limit, trials)` for each entry of a suite folder with
+    a memory limit whose study is in the folder's `studies.db`."""
+    storage = f"sqlite:///{folder / 'studies.db'}"
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    found = []
+    for path in sorted((folder / "entries").glob("*.json")):
+        entry = json.loads(path.read_text())
+        limit = limit_of(entry)
+        if limit is not None and entry["search"]["study"] in names:
+            study = optuna.load_study(study_name=entry["search"]["study"], storage=storage)
+            found.append((f"{folder.name}/{path.stem}", limit, study.trials))
+    return found
+
+
 def main(argv: list[str]) -> int:
     command, pools = " ".join(argv), []
     while argv[:1] == ["--pool"]:
@@ -120,16 +135,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--pool: one of {', '.join(POOLS)}, not {unknown[0]!r}")
     out, folders = Path(argv[0]), [Path(f) for f in argv[1:]]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    studies = []
-    for folder in folders:
-        storage = f"sqlite:///{folder / 'studies.db'}"
-        names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
-        for path in sorted((folder / "entries").glob("*.json")):
-            entry = json.loads(path.read_text())
-            limit = limit_of(entry)
-            if limit is not None and entry["search"]["study"] in names:
-                study = optuna.load_study(study_name=entry["search"]["study"], storage=storage)
-                studies.append((f"{folder.name}/{path.stem}", limit, study.trials))
+    studies = [study for folder in folders for study in suite_studies(folder)]
     lines = ["# Stage 1's margin rules replayed on the suites' studies", "",
              f"Command: `python benchmarks/prediction/margins.py {command}`", "",
              "Per entry and rule: right cuts / false cuts / missed (module docstring)."]
