@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 import optuna
-from margins import SAMPLES, suite_studies  # beside this file
+from margins import SAMPLES, suite_studies, write_report  # beside this file
 
 from shardsearch.search import pool_ratios, prediction_pool
 
@@ -115,10 +115,7 @@ def main(argv: list[str]) -> int:
               "| all | | " + " | ".join(f"**{r} / {f} / {m}** ({s:.0f} s)"
                                       for r, f, m, s in totals.values()) + " |",
               "", "Cuts made on borrowed ratios, and false cuts:", "", *notes]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_report(out, lines)
 
 
 if __name__ == "__main__":

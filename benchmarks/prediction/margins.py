@@ -125,6 +125,14 @@ def suite_studies(folder: Path) -> list[tuple[str, int, list]]:
     return found
 
 
+def write_report(out: Path, lines: list[str]) -> int:
+    """Writes `lines` to `out` (its folder made) and prints them; 0."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command, pools = " ".join(argv), []
     while argv[:1] == ["--pool"]:
@@ -152,10 +160,7 @@ def main(argv: list[str]) -> int:
             lines.append(f"| {name} | {limit / 2**30:.0f} | {cells} |")
         cells = " | ".join(f"**{r} / {f} / {m}** ({s:.0f} s)" for r, f, m, s in totals.values())
         lines.append(f"| all | | {cells} |")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_report(out, lines)
 
 
 if __name__ == "__main__":
