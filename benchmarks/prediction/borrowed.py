@@ -37,7 +37,7 @@ from pathlib import Path
 import optuna
 from margins import SAMPLES, suite_studies, write_report  # beside this file
 
-from shardsearch.search import pool_ratios, prediction_pool
+from shardsearch.search import over_by_prediction, pool_ratios, prediction_pool, stage_margin
 
 WAYS = ("own pool", "borrowed when placed", "borrowed always")
 
@@ -69,8 +69,8 @@ def judge(trials: list, limit: int, way: str) -> tuple[list[float], list[str]]:
         knobs = trial.user_attrs.get("knobs") or {}
         ratios, borrowed = ratios_for(way, by_pool, knobs)
         if len(ratios) >= SAMPLES:
-            margin = (max(ratios) / min(ratios)) ** 0.5
-            cut = predicted * min(ratios) > limit * margin
+            margin = stage_margin(ratios)
+            cut = over_by_prediction(predicted, ratios, limit, margin)
             if cut and total > limit:
                 counts[0] += 1
                 counts[3] += trial.user_attrs.get("seconds") or 0.0

@@ -27,7 +27,8 @@ prices them, named, to set beside a profile), `registered_kinds` and `rule_from_
 (rule kinds), `plan_config` (a plan's data without writing it),
 `parse_bytes`, and stage 1's memory prediction (`trace_program`,
 `predict_footprint`, `Footprint`, `prediction_pool` and `pool_ratios`:
-which compiled candidates scale a candidate's prediction).
+which compiled candidates scale a candidate's prediction; `stage_margin`
+and `over_by_prediction`: its verdict on the scaled prediction).
 """
 
 from ..base.target import TargetUnavailable as TargetUnavailable
@@ -53,9 +54,11 @@ from .evaluation.confirm import median_ci as median_ci
 from .evaluation.confirm import retime as retime
 from .evaluation.context import Context as Context
 from .evaluation.evaluate import evaluate as evaluate
+from .evaluation.evaluate import over_by_prediction as over_by_prediction
 from .evaluation.evaluate import pool_ratios as pool_ratios
 from .evaluation.evaluate import prediction_pool as prediction_pool
 from .evaluation.evaluate import resolve as resolve
+from .evaluation.evaluate import stage_margin as stage_margin
 from .evaluation.objectives import OBJECTIVES as OBJECTIVES
 from .evaluation.objectives import Hybrid as Hybrid
 from .evaluation.objectives import Objective as Objective
@@ -128,6 +131,7 @@ __all__ = [
     "make_space",
     "median_ci",
     "optimize",
+    "over_by_prediction",
     "parse_bytes",
     "parse_hlo",
     "pin_batch",
@@ -143,6 +147,7 @@ __all__ = [
     "resolve",
     "retime",
     "rule_from_config",
+    "stage_margin",
     "target_of",
     "trace_program",
     "uncached",
