@@ -6,7 +6,8 @@ RESULTS is a `shardsearch bench --out` folder holding `<SUITE>/studies.db` and
 `<SUITE>/entries/`. For every entry's study, every distinct candidate XLA
 compiled (its total is recorded) is predicted again from its stored rules with
 the current predictor (`shardsearch.search.predict_footprint`; nothing
-compiles), and judged as stage 1 judges, in trial order: its prediction times
+compiles; each knob setting's step built by a context of the entry's own, as
+the study built it, its activation points placed by the `act_*` knobs), and judged as stage 1 judges, in trial order: its prediction times
 the least ratio XLA total / prediction of the candidates before it in its
 pool (the same knobs until 2026-12-07; since, the same step knobs and batch
 placement, `shardsearch.search.evaluation.evaluate.prediction_pool`; once
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -33,9 +35,11 @@ from pathlib import Path
 import jax
 import optuna
 
+from shardsearch import create_mesh, use_cpu_devices
 from shardsearch.bench import load_suite
 from shardsearch.search import (
     TrialRecord,
+    make_context,
     predict_footprint,
     prediction_summary,
     rule_from_config,
@@ -59,7 +63,14 @@ def entry_rows(suite_dir: Path, suite, margins):
         workload = get_workload(entry.workload_name)
         args = workload.abstract()
         sizes = record["mesh"]
-        mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), tuple(sizes))
+        # The study's own context builds each knob setting's step, its
+        # activation points placed (`act_*`) as the search placed them.
+        devices = jax.devices()[:math.prod(sizes.values())]
+        ctx, _ = make_context(workload, args, create_mesh(tuple(sizes.values()), tuple(sizes),
+                                                          devices),
+                              objective="static", hardware=entry.hardware or suite.hardware,
+                              knobs=entry.knobs, memory_prediction="record")
+        mesh = ctx.mesh
         study = optuna.load_study(study_name=study_name, storage=storage)
         programs = {}
         records, ratios = [], []
@@ -69,8 +80,7 @@ def entry_rows(suite_dir: Path, suite, margins):
                 continue
             knobs = tuple(rec.knobs)
             if knobs not in programs:
-                step = (workload.knobs.step(knobs) if knobs and workload.knobs is not None
-                        else workload.step)
+                step = ctx.steps(knobs) if knobs and ctx.steps is not None else ctx.step
                 programs[knobs] = trace_program(step, args)
             state = rule_from_config(rec.state_rule, mesh)
             batch = rule_from_config(rec.batch_rule, mesh)
@@ -97,6 +107,9 @@ def main() -> int:
     margins = a.margin or []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     suite = load_suite(a.suite)
+    # As many simulated devices as the suite's largest mesh: each study's
+    # context is built on its own mesh (nothing runs on them).
+    use_cpu_devices(max(e.devices for e in suite.entries))
     command = " ".join(["python", *sys.argv])
     lines = [f"# Stage 1's memory prediction against XLA: {a.suite}", "",
              f"Command: `{command}`", "",
