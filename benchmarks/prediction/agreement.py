@@ -7,7 +7,8 @@ RESULTS is a `shardsearch bench --out` folder holding `<SUITE>/studies.db` and
 compiled (its total is recorded) is predicted again from its stored rules with
 the current predictor (`shardsearch.search.predict_footprint`; nothing
 compiles; each knob setting's step built by a context of the entry's own, as
-the study built it, its activation points placed by the `act_*` knobs), and judged as stage 1 judges, in trial order: its prediction times
+the study built it, its activation points placed by the `act_*` knobs), and
+judged as stage 1 judges, in trial order: its prediction times
 the least ratio XLA total / prediction of the candidates before it in its
 pool (the same knobs until 2026-12-07; since, the same step knobs and batch
 placement, `shardsearch.search.evaluation.evaluate.prediction_pool`; once
