@@ -96,6 +96,26 @@ def test_a_split_that_does_not_divide_a_dim_pads_its_last_shards_as_xla_does():
     assert live[24] * 3 == live[4]
 
 
+def test_a_constraint_that_takes_the_batchs_axis_leaves_the_values_after_it_less_split(mesh24):
+    def step(w, x):
+        a = jnp.tanh(x)                          # [64, 32], rows split as x's: dp and tp
+        # The columns on dp: the rows, left to XLA, keep only tp.
+        a = jax.lax.with_sharding_constraint(
+            a, jax.sharding.NamedSharding(mesh24, P(P.UNCONSTRAINED, "dp")))
+        h = a @ w                                # [64, 128]: its rows follow a's, tp alone
+        return w, jnp.sum(jnp.tanh(h))
+
+    program = trace_program(step, (_sds(32, 128), _sds(64, 32)))
+    sizes = {"dp": 2, "tp": 4}
+    pinned = predict(program, (P(), P(("dp", "tp"))), sizes)
+    free = predict(trace_program(lambda w, x: (w, jnp.sum(jnp.tanh(jnp.tanh(x) @ w))),
+                                 (_sds(32, 128), _sds(64, 32))),
+                   (P(), P(("dp", "tp"))), sizes)
+    # h and tanh(h), 64 x 128 x 4 bytes each: over tp's 4 devices once the
+    # constraint holds dp, over all 8 without it.
+    assert pinned.live - free.live >= 2 * (64 * 128 * 4 // 4 - 64 * 128 * 4 // 8)
+
+
 def test_a_sharding_constraint_inside_the_step_splits_what_it_constrains(mesh24):
     def step(x):
         h = jnp.tanh(x) * 3.0

@@ -13,9 +13,14 @@ activation rules add sharding constraints) and keeps its `DimGraph`
    XLA's propagation holds to them, then the arguments' where a constraint's
    axis is taken by another dim of the value: an activation's batch dim
    follows the batch's, the MLP hidden dim the weight's column split. A
-   value's bytes per device are those of its shard: each dim split by the
-   distinct mesh axes on it, rounded up where they do not divide it (XLA
-   pads the last shards: a microbatch of 384 rows on 256 devices holds 2).
+   constrained value is placed first and whole (its constraint's dims before
+   any dim the arguments reach), and the values after it follow it as
+   placed: a constraint that puts the embedding dim on the batch's data axis
+   leaves the batch dim, there and in everything computed from it, the
+   other axes only. A value's bytes per device are those of its shard: each
+   dim split by the distinct mesh axes on it, rounded up where they do not
+   divide it (XLA pads the last shards: a microbatch of 384 rows on 256
+   devices holds 2).
 2. **What is live at once.** Broadcasts and iotas are not stored (XLA computes
    them inside the fusion that reads them). The equations run in order; a value lives from the
    equation that makes it to the last one that reads it, a body's values
@@ -119,8 +124,17 @@ def predict_footprint(program: Program, specs: Sequence[Any],
                 # A leaf without a spec is whole.
                 spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
                 _seed(given, vid, dim_axes(spec, g.rank(vid)))
-    axes = _spread(g, [program.pinned, given])
-    shard = _shard_bytes(g, axes, axis_sizes)
+    # The constrained values first, as XLA holds them: each dim a constraint
+    # leaves to XLA takes the axes the rest of the dataflow gives it, less
+    # those the constrained dims hold. Then every other value follows the
+    # nearest of them, as a whole, before the arguments.
+    first = _placements(g, _spread(g, [program.pinned, given]), axis_sizes,
+                        only={vid for vid, _ in program.pinned})
+    held = dict(program.pinned)
+    held.update(((vid, d), axes) for vid, dims in first.items()
+                for d, axes in enumerate(dims) if axes)
+    options = _spread(g, [held, given])
+    shard = _shard_bytes(g, _placements(g, options, axis_sizes), axis_sizes)
 
     def size(vid: int) -> int:
         return 0 if vid in program.fused else shard.get(vid, g.nbytes(vid))
@@ -168,20 +182,22 @@ def _ops(frames: Sequence[Frame]) -> Any:
             yield from _ops(op.bodies)
 
 
-def _spread(g: DimGraph, tiers: Sequence[dict[Node, tuple[str, ...]]],
-            ) -> dict[Node, list[tuple[str, ...]]]:
-    """Each node's candidate axes, best first: a seeded node its seed's only;
-    any other node, per tier in order, the axes of the nearest split seed of
-    that tier that reaches it through unseeded nodes (the first in order on a
-    tie). A seed that keeps its dim whole (a replicated weight's) stays whole
-    but spreads nothing: XLA keeps an activation split by the batch even where
-    it meets a replicated weight."""
+def _spread(g: DimGraph, tiers: Sequence[Mapping[Node, tuple[str, ...]]],
+            ) -> dict[Node, list[tuple[int, tuple[str, ...]]]]:
+    """Each node's candidate axes, best first, each with its rank (0 for a
+    seed, then 1 for the first tier, 2 for the second...): a seeded node its
+    seed's only; any other node, per tier in order, the axes of the nearest
+    split seed of that tier that reaches it through unseeded nodes (the first
+    in order on a tie). A seed that keeps its dim whole (a replicated
+    weight's) stays whole but spreads nothing: XLA keeps an activation split
+    by the batch even where it meets a replicated weight."""
     seeded: dict[Node, tuple[str, ...]] = {}
     for tier in tiers:
         for node, axes in tier.items():
             seeded.setdefault(node, axes)
-    options: dict[Node, list[tuple[str, ...]]] = {n: [a] for n, a in seeded.items()}
-    for tier in tiers:
+    options: dict[Node, list[tuple[int, tuple[str, ...]]]] = {
+        n: [(0, a)] for n, a in seeded.items()}
+    for rank, tier in enumerate(tiers, 1):
         reached: dict[Node, tuple[str, ...]] = {}
         queue = collections.deque(n for n, axes in tier.items()
                                   if axes and seeded[n] == axes and n in g.graph)
@@ -193,46 +209,64 @@ def _spread(g: DimGraph, tiers: Sequence[dict[Node, tuple[str, ...]]],
                     reached[other] = axes
                     queue.append(other)
         for node, axes in reached.items():
-            options.setdefault(node, []).append(axes)
+            options.setdefault(node, []).append((rank, axes))
     return options
 
 
-def _shard_bytes(g: DimGraph, options: Mapping[Node, list[tuple[str, ...]]],
+def _placements(g: DimGraph, options: Mapping[Node, list[tuple[int, tuple[str, ...]]]],
+                axis_sizes: Mapping[str, int], only: set[int] | None = None,
+                ) -> dict[int, list[tuple[str, ...]]]:
+    """Per value with a split dim (of `only`, when given), the mesh axes on
+    each dim: the seeded dims first, then the tiers' in order (first dims
+    first within a rank), each dim the first of its candidate axes that still
+    split it (mesh axes another dim of the value took, or a dim of size 1,
+    dropped). A constraint's dim so keeps its axes where the arguments would
+    have put them on another dim of the value first."""
+    by_value: dict[int, list[tuple[int, int, tuple[str, ...]]]] = {}
+    for (vid, d), choices in options.items():
+        if only is None or vid in only:
+            by_value.setdefault(vid, []).extend(
+                (rank, d, names) for rank, names in choices if names)
+    out: dict[int, list[tuple[str, ...]]] = {}
+    for vid, choices in by_value.items():
+        used: set[str] = set()
+        placed: list[tuple[str, ...]] = [()] * len(g.shapes[vid])
+        for _, d, names in sorted(choices):
+            if placed[d]:
+                continue
+            extent, taken = g.shapes[vid][d], []
+            for name in names:
+                n = axis_sizes.get(name, 1)
+                if name in used or n <= 1 or extent == 1:
+                    continue
+                taken.append(name)
+                extent = -(-extent // n)
+            used.update(taken)
+            placed[d] = tuple(taken)
+        if used:
+            out[vid] = placed
+    return out
+
+
+def _shard_bytes(g: DimGraph, placements: Mapping[int, Sequence[tuple[str, ...]]],
                  axis_sizes: Mapping[str, int]) -> dict[int, int]:
-    """Per split value id, its bytes on one device: dim by dim (first dims
-    first), the first of the dim's candidate axes that still split it (mesh
-    axes another dim of the value took, or a dim of size 1, dropped). An
-    axis that does not divide the dim still splits it, as XLA's partitioner
-    does, into shards of the rounded-up size, the last ones padded: 384 rows
-    over 256 devices hold 2 rows on each, 192 rows 1 (64 devices hold only
-    padding).
+    """Per split value id, its bytes on one device: each dim split by its
+    axes (`_placements`). An axis that does not divide the dim still splits
+    it, as XLA's partitioner does, into shards of the rounded-up size, the
+    last ones padded: 384 rows over 256 devices hold 2 rows on each, 192 rows
+    1 (64 devices hold only padding).
 
     Example: a [384, 512] float32 value, dim 0 on an axis of 256 devices:
     2 x 512 x 4 = 4096 bytes per device, not the whole 786432."""
-    by_value: dict[int, list[tuple[int, list[tuple[str, ...]]]]] = {}
-    for (vid, d), choices in options.items():
-        if any(choices):
-            by_value.setdefault(vid, []).append((d, choices))
-    out: dict[int, int] = {}
-    for vid, dims in by_value.items():
-        used: set[str] = set()
-        shape = list(g.shapes[vid])
-        for d, choices in sorted(dims):
-            for names in choices:
-                extent, taken = shape[d], []
-                for name in names:
-                    n = axis_sizes.get(name, 1)
-                    if name in used or n <= 1 or extent == 1:
-                        continue
-                    taken.append(name)
-                    extent = -(-extent // n)
-                if taken:
-                    used.update(taken)
-                    shape[d] = extent
-                    break
-        if used:
-            out[vid] = math.prod(shape) * g.itemsizes[vid]
-    return out
+    return {vid: math.prod(_shard_dim(n, axes, axis_sizes)
+                           for n, axes in zip(g.shapes[vid], dims, strict=True))
+            * g.itemsizes[vid] for vid, dims in placements.items()}
+
+
+def _shard_dim(extent: int, axes: Sequence[str], axis_sizes: Mapping[str, int]) -> int:
+    for name in axes:
+        extent = -(-extent // axis_sizes[name])
+    return extent
 
 
 def _aliased(frame: Frame, state: Sequence[int], g: DimGraph) -> frozenset[int]:
