@@ -205,33 +205,33 @@ def prepare(suite: Any, record: dict[str, Any], reference: str) -> dict[str, Any
     """What `recheck` times for an entry: its context, the plan rows, and the
     winner's and the reference's spec trees, the winner's checked to be the
     recorded one. Raises ValueError (before anything is timed) when the plan
-    file is another run's, sets knobs, or the reference does not apply."""
+    file is another run's, or the reference does not apply."""
     import jax
 
     entry = suite.select([record["entry"]["id"]])[0]
     dims, names = parse_mesh(entry.mesh)
     mesh = create_mesh(dims, names, devices=jax.devices()[:math.prod(dims)])
     workload = get_workload(entry.workload_name)
+    # The entry's knobs, as the suite searched them: a plan's step knobs and
+    # activation pins (`act_*`) build its own step (`Context.with_setting`).
     ctx, _ = make_context(workload, None, mesh, memory_budget=record["budget"]["bytes"],
                           objective="measured", seed=entry.seed, warmup=suite.warmup,
-                          repeats=suite.repeats)
+                          repeats=suite.repeats, knobs=entry.knobs)
     plans = {p["label"]: p for p in record["plans"]}
     winner_specs, setting, _ = plan_file_specs(workload, Path(record["rule_file"]), mesh,
                                                ctx.abstract_args)
-    if setting:
-        raise ValueError(f"entry {record['entry']['id']}: its winner sets step knobs "
-                         f"{dict(setting)}, which the recheck does not apply (it times "
-                         "argument specs only); recheck entries of a suite without knobs")
-    if fingerprint(winner_specs) != plans["winner"]["fingerprint"]:
+    if fingerprint(winner_specs, setting) != plans["winner"]["fingerprint"]:
         raise ValueError(f"entry {record['entry']['id']}: {record['rule_file']} gives specs "
-                         f"of fingerprint {fingerprint(winner_specs)}, the entry's winner has "
-                         f"{plans['winner']['fingerprint']}: the file is another run's plan; "
-                         "rerun the entry or restore its plan file")
+                         f"of fingerprint {fingerprint(winner_specs, setting)}, the entry's "
+                         f"winner has {plans['winner']['fingerprint']}: the file is another "
+                         "run's plan; rerun the entry or restore its plan file")
+    settings = {"winner": setting}
     if reference in plans:
         reference_specs = baseline_candidates(workload, mesh)[reference].specs(
             ctx.abstract_args)
         recorded = speedup(plans["winner"], plans[reference])
         recorded = {k: recorded[k] for k in ("speedup", "ratio_ci", "verdict")}
+        settings[reference] = tuple((plans[reference].get("knobs") or {}).items())
     else:
         # A plan the suite did not run (`NAMED_ONLY_PLANS`): built here, with
         # no recorded figure; the same specs as the winner's are no contest.
@@ -247,7 +247,8 @@ def prepare(suite: Any, record: dict[str, Any], reference: str) -> dict[str, Any
                             plan_row(reference, "expert", reference_specs, ctx, {}))
         recorded = None
     return {"ctx": ctx, "plans": plans, "recorded": recorded,
-            "specs": {"winner": winner_specs, reference: reference_specs}}
+            "specs": {"winner": winner_specs, reference: reference_specs},
+            "contexts": {label: ctx.with_setting(knobs) for label, knobs in settings.items()}}
 
 
 def recheck(record: dict[str, Any], reference: str, prepared: dict[str, Any], *, times: int,
@@ -270,8 +271,9 @@ def recheck(record: dict[str, Any], reference: str, prepared: dict[str, Any], *,
                 "reference_reason": plans[reference]["reason"],
                 "reference_memory": plans[reference]["memory_per_device"]}
     for _ in range(times):
-        timings = retime([("winner", specs["winner"]), (reference, specs[reference])], ctx,
-                         rounds)
+        contexts = prepared["contexts"]
+        timings = retime([(label, specs[label], contexts.get(label, ctx))
+                          for label in ("winner", reference)], ctx, rounds)
         # Plan rows as the suite records them, so the ratio, CI and verdict
         # are the report's own.
         win, ref = ({**plans[label], "times": list(timings[label].times),
