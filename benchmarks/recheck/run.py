@@ -270,10 +270,10 @@ def recheck(record: dict[str, Any], reference: str, prepared: dict[str, Any], *,
         return {**result, "reference_status": plans[reference]["status"],
                 "reference_reason": plans[reference]["reason"],
                 "reference_memory": plans[reference]["memory_per_device"]}
+    finalists = [(label, specs[label], prepared["contexts"].get(label, ctx))
+                 for label in ("winner", reference)]
     for _ in range(times):
-        contexts = prepared["contexts"]
-        timings = retime([(label, specs[label], contexts.get(label, ctx))
-                          for label in ("winner", reference)], ctx, rounds)
+        timings = retime(finalists, ctx, rounds)
         # Plan rows as the suite records them, so the ratio, CI and verdict
         # are the report's own.
         win, ref = ({**plans[label], "times": list(timings[label].times),
