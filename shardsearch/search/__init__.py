@@ -13,7 +13,8 @@ is behind it, laid out by job (docs/architecture.md):
   interleaved re-timing (`retime`, `Timing`, `median_ci`, `faster_than`) and
   the output check (`compare_outputs`).
 - `execution/`: where candidates run: the `Executor` protocol, `InProcess`.
-- `study/`: `TrialRecord`, `make_sampler`, `confirm_study`'s storage,
+- `study/`: `TrialRecord`, `make_sampler`, the timing cut
+  (`SlowerThanBest`, and `timed_steps`: a trial's recorded steps), `confirm_study`'s storage,
   `prediction_summary` (stage 1's memory verdicts against XLA's).
 - The driver: `SearchSettings`, `make_context`, `StudySetup`, `prepare`,
   `optimize`, `OptimizeResult`, `NothingCompleted` (no candidate completed:
@@ -87,6 +88,8 @@ from .space.baselines import pin_batch as pin_batch
 from .space.candidate import Candidate as Candidate
 from .space.differences import plan_differences as plan_differences
 from .space.searchspace import SearchSpace as SearchSpace
+from .study.pruner import SlowerThanBest as SlowerThanBest
+from .study.pruner import timed_steps as timed_steps
 from .study.record import TrialRecord as TrialRecord
 from .study.record import prediction_summary as prediction_summary
 from .study.storage import make_sampler as make_sampler
@@ -109,6 +112,7 @@ __all__ = [
     "SearchSettings",
     "SearchSpace",
     "ShapeWarning",
+    "SlowerThanBest",
     "Stage",
     "Status",
     "StudySetup",
@@ -149,6 +153,7 @@ __all__ = [
     "rule_from_config",
     "stage_margin",
     "target_of",
+    "timed_steps",
     "trace_program",
     "uncached",
 ]

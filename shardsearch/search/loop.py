@@ -55,6 +55,7 @@ from .study.ownership import (
     fail_stale_trials,
     mark_interrupted,
 )
+from .study.pruner import SlowerThanBest
 from .study.record import (
     TrialRecord,
     memory_ratios,
@@ -453,10 +454,7 @@ def _open(setup: StudySetup) -> tuple[optuna.Study, StudySetup]:
     """
     ctx, settings, space = setup.context, setup.settings, setup.space
     scorer, mesh = ctx.objective, ctx.mesh
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        pruner = (optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
-                  if scorer.prunes_while_timing else optuna.pruners.NopPruner())
+    pruner = SlowerThanBest() if scorer.prunes_while_timing else optuna.pruners.NopPruner()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     identity = identity_of(setup.workload, ctx.abstract_args, mesh, scorer.name, space.space,
                            trial_values(ctx))
@@ -732,10 +730,8 @@ def _reuse(outcome: Outcome) -> Outcome:
 
 def _reporter(trial: optuna.Trial) -> Callable[[int, float], bool]:
     def report(i: int, seconds: float) -> bool:
-        with interrupts_deferred(), warnings.catch_warnings():
+        with interrupts_deferred():
             trial.report(seconds, i)
-            # The Wilcoxon pruner warns while it has too few paired steps.
-            warnings.simplefilter("ignore")
             return trial.should_prune()
 
     return report

@@ -9,7 +9,7 @@ search reads instead of comparing names:
 - `needs_host_args`: it runs the step, so `make_context` builds concrete
   arguments and `evaluate(run=False)` stops before scoring;
 - `prunes_while_timing`: its trials report repeats one by one, so the study
-  gets Optuna's Wilcoxon pruner (else no pruner);
+  gets the `SlowerThanBest` pruner (else no pruner);
 - `confirms`: the finalists are re-timed side by side and the winner's
   outputs checked against the replicated plan's;
 - `timed_in`: what exported plan files say the search's numbers came from;
@@ -70,7 +70,7 @@ class Objective:
         jaxlib has them, XLA:CPU's legacy fusion emitters
         (`evaluate.compiler_options`).
       prunes_while_timing: its `score` calls `report` after each timed repeat
-        and stops when told, so the study prunes with Optuna's Wilcoxon test.
+        and stops when told, so the study prunes (`study.pruner.SlowerThanBest`).
       confirms: the finalists are re-timed interleaved at the end, and the
         winner's outputs compared with the replicated plan's.
       timed_in: where an exported row's number comes from: "search" (timed

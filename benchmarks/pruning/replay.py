@@ -1,0 +1,174 @@
+"""Replays the timing cut on recorded studies: when would `SlowerThanBest`
+have cut each timed candidate, against what the recorded pruner did?
+
+Nothing runs: each searched trial that reported its timed steps is set
+against the best trial completed before it (by trial number: a suite's
+studies run one process each), and the rule is asked after each of its
+recorded steps, from the second. Per study it reports the trials the
+recorded pruner cut while timing and after how many steps, when the rule
+would have cut them, the completed trials it would have cut (and whether
+one of them was the study's best), and the share of the study's trial time
+spent on trials that end up cut, as recorded and as estimated with the rule:
+a trial cut earlier saves its dropped steps at its own mean step time; a
+trial the rule leaves running past where the recorded pruner stopped it is
+counted at its recorded time (a lower bound: it would have run longer).
+
+Usage:
+  python benchmarks/pruning/replay.py benchmarks/results/cpu-sim8/studies.db \
+      --out benchmarks/results/pruning/cpu-sim8.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import optuna
+
+from shardsearch.search import SlowerThanBest, Stage, Status, TrialRecord, timed_steps
+
+COMPLETE = optuna.trial.TrialState.COMPLETE
+
+
+def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
+    """The study's row, or None when no trial reported timed steps."""
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    records = {t.number: TrialRecord.from_trial(t) for t in trials}
+    if not any(t.intermediate_values for t in trials):
+        return None
+    final_best = min((t for t in trials if t.state == COMPLETE), key=lambda t: t.value,
+                     default=None)
+    row = {"study": study.study_name, "trials": len(trials), "timed": 0, "recorded_cuts": [],
+           "rule_cuts": [], "cuts_completed": [], "later": 0, "saved_cut": 0.0,
+           "saved_completed": 0.0, "moved": 0.0}
+    total = sum(r.seconds for r in records.values() if r is not None)
+    cut_time = sum(r.seconds for r in records.values()
+                   if r is not None and r.outcome.status == Status.CUT)
+    for i, trial in enumerate(trials):
+        record = records[trial.number]
+        steps = tuple(trial.intermediate_values.values())
+        if record is None or not steps:
+            continue
+        earlier = [t for t in trials[:i] if t.state == COMPLETE and t.value is not None]
+        if not earlier:
+            continue
+        best = min(earlier, key=lambda t: t.value)
+        row["timed"] += 1
+        at = next((n for n in range(rule.min_steps, len(steps) + 1)
+                   if rule.slower(steps[:n], timed_steps(best))), None)
+        saved = 0.0 if at is None else (len(steps) - at) * statistics.fmean(steps)
+        if record.outcome.status == Status.CUT and record.outcome.cut_stage == Stage.MEASURE:
+            row["recorded_cuts"].append(len(steps))
+            if at is None:
+                row["later"] += 1
+            else:
+                row["rule_cuts"].append(at)
+                row["saved_cut"] += saved
+        elif at is not None:
+            row["cuts_completed"].append(
+                (trial.number, at, trial.value / best.value,
+                 final_best is not None and trial.number == final_best.number))
+            row["saved_completed"] += saved
+            row["moved"] += record.seconds - saved  # now time on a cut trial
+    row["total"], row["cut_time"] = total, cut_time
+    new_total = total - row["saved_cut"] - row["saved_completed"]
+    row["share"] = cut_time / total if total else None
+    row["share_rule"] = ((cut_time - row["saved_cut"] + row["moved"]) / new_total
+                         if new_total > 0 else None)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("storages", nargs="+", help="studies.db files")
+    parser.add_argument("--out", type=Path, help="write the report here (else stdout)")
+    parser.add_argument("--p", type=float, default=0.1, help="the rule's level (0.1)")
+    parser.add_argument("--source", help="where the studies came from, for the report "
+                                         "(e.g. the git command that restores them)")
+    args = parser.parse_args(argv)
+    rule = SlowerThanBest(args.p, 2)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rows = []
+    for path in args.storages:
+        if not Path(path).is_file():
+            print(f"replay.py: {path} is not a file; give a suite's studies.db", file=sys.stderr)
+            return 2
+        url = f"sqlite:///{Path(path).resolve()}"
+        for summary in optuna.get_all_study_summaries(url):
+            row = replay(optuna.load_study(study_name=summary.study_name, storage=url), rule)
+            if row is not None:
+                rows.append(row)
+    text = render(rows, args)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+def render(rows: list[dict], args: argparse.Namespace) -> str:
+    command = "python benchmarks/pruning/replay.py " + " ".join(args.storages) + (
+        f" --p {args.p}" if args.p != 0.1 else "") + (f" --out {args.out}" if args.out else "")
+    if args.source:
+        command += f' --source "{args.source}"'
+
+    lines = [
+        "# The timing cut replayed on recorded studies", "",
+        f"`{command}`. Nothing ran: each searched trial that reported its timed steps is "
+        f"set against the best trial completed before it, and `SlowerThanBest` (rank-sum, "
+        f"p < {args.p}, from the second step) is asked after each recorded step "
+        "(`benchmarks/pruning/replay.py`'s docstring says how time is counted).",
+        *(["", f"The studies: {args.source}."] if args.source else []), "",
+        "- *timed*: searched trials that reported steps, with a completed trial before them.",
+        "- *recorded cuts*: those the recorded pruner cut while timing, and the steps each took.",
+        "- *rule*: when the rule cuts the same trials (steps), and how many it leaves running "
+        "past where they were cut (*later*).",
+        "- *completed, cut by the rule*: trial (step it is cut at, its median over the best's; "
+        "**best** when it was the study's best trial).",
+        "- *cut share*: time on trials that end up cut over the study's trial time, recorded "
+        "and estimated with the rule.", "",
+        "| study | timed | recorded cuts (steps) | rule (steps) | later | completed, cut by the "
+        "rule | trial time s, recorded → with the rule | cut share recorded | with the rule |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        completed = ", ".join(f"{n} ({at}, {ratio:.2f}x{', **best**' if best else ''})"
+                              for n, at, ratio, best in r["cuts_completed"]) or "-"
+        lines.append(
+            f"| {r['study']} | {r['timed']} | {len(r['recorded_cuts'])} "
+            f"({_steps(r['recorded_cuts'])}) | {len(r['rule_cuts'])} ({_steps(r['rule_cuts'])})"
+            f" | {r['later']} | {completed} | {r['total']:.0f} → "
+            f"{r['total'] - r['saved_cut'] - r['saved_completed']:.0f} | "
+            f"{_pct(r['share'])} | {_pct(r['share_rule'])} |")
+    timed = sum(r["timed"] for r in rows)
+    recorded = [n for r in rows for n in r["recorded_cuts"]]
+    ruled = [n for r in rows for n in r["rule_cuts"]]
+    completed = [c for r in rows for c in r["cuts_completed"]]
+    lines += ["", f"In all: {timed} timed trials; the recorded pruner cut {len(recorded)} "
+              f"(mean {_mean(recorded)} steps); the rule cuts {len(ruled)} of them "
+              f"(mean {_mean(ruled)} steps), leaves {sum(r['later'] for r in rows)} running "
+              f"longer, and cuts {len(completed)} trials that completed "
+              f"({sum(c[3] for c in completed)} of them a study's best). Trial time "
+              f"{sum(r['total'] for r in rows):.0f} s recorded, "
+              f"{sum(r['total'] - r['saved_cut'] - r['saved_completed'] for r in rows):.0f} s "
+              "estimated with the rule.", ""]
+    return "\n".join(lines)
+
+
+def _steps(steps: list[int]) -> str:
+    return "/".join(str(n) for n in steps) if steps else "-"
+
+
+def _mean(values: list[int]) -> str:
+    return f"{statistics.fmean(values):.1f}" if values else "-"
+
+
+def _pct(share: float | None) -> str:
+    return f"{share:.0%}" if share is not None else "-"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

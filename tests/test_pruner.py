@@ -1,0 +1,91 @@
+"""The study's pruner: a timed candidate is cut once its steps are slower than the best's."""
+
+import functools
+import itertools
+
+import optuna
+import pytest
+
+import shardsearch as ss
+from shardsearch.search.evaluation import evaluate as _evaluate
+from shardsearch.search.evaluation.stages import CUT, Stage
+from shardsearch.search.study.pruner import SlowerThanBest
+from shardsearch.workloads import get_workload
+
+BEST = (1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.02)
+
+
+@pytest.mark.parametrize("steps, best, cut", [
+    ((1.3, 1.2), BEST, True),           # two steps above all seven: p = 1/36
+    ((1.3,), BEST, False),              # one step is never enough
+    ((1.3, 1.04), BEST, False),         # the second within the best's spread
+    ((1.3, 1.2), (), False),            # a best without timed steps
+    ((0.5, 0.6), BEST, False),          # faster
+    ((1.0, 1.1, 0.9, 1.0), BEST, False),  # the same
+    ((1.3, float("nan")), BEST, False),  # a step that is not a number
+    ((1.3, 1.2, 1.25, 1.21), BEST[:3], True),
+])
+def test_a_trial_is_cut_when_its_steps_are_significantly_above_the_bests(steps, best, cut):
+    assert SlowerThanBest(0.1, 2).slower(steps, best) is cut
+
+
+def test_the_rank_sum_test_cuts_where_a_paired_test_of_as_many_steps_cannot():
+    # All three steps slower: the signed-rank test of three pairs cannot go
+    # under 1/8; the rank-sum test against seven steps is at 1/120.
+    slow = (2.0, 2.1, 2.2)
+    assert SlowerThanBest(0.1, 2).slower(slow, BEST)
+    import scipy.stats
+    paired = [s - b for s, b in zip(slow, BEST, strict=False)]
+    assert scipy.stats.wilcoxon(paired, alternative="greater").pvalue >= 0.1
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(p_threshold=0), "p_threshold=0"), (dict(p_threshold=1.5), "between 0 and 1"),
+    (dict(p_threshold=True), "p_threshold=True"), (dict(min_steps=0), "min_steps=0"),
+    (dict(min_steps=2.5), "whole number"),
+])
+def test_bad_pruner_options_are_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        SlowerThanBest(**options)
+
+
+def test_a_maximised_study_is_refused():
+    study = optuna.create_study(direction="maximize", pruner=SlowerThanBest())
+    trial = study.ask()
+    trial.report(1.0, 0)
+    trial.report(1.0, 1)
+    with pytest.raises(ValueError, match="prunes a minimised study"):
+        trial.should_prune()
+
+
+def test_a_candidate_slower_than_a_baseline_is_cut_after_two_steps(mesh24, tmp_path,
+                                                                   monkeypatch):
+    # Baselines are timed without reports, so the best trial here (a
+    # baseline: every searched candidate's steps are ten times slower) has no
+    # intermediate values; the pruner reads its recorded step times.
+    noise = itertools.cycle((0.0, 0.001, -0.001, 0.002))
+
+    def time_steps(compiled, specs, ctx, repeats, report=None, warmups=None):
+        if report is None:
+            return [0.01 + next(noise) for _ in range(repeats)]
+        times = []
+        for i in range(repeats):
+            times.append(0.1 + next(noise))
+            if report(i, times[-1]):
+                break
+        return times
+
+    monkeypatch.setattr(_evaluate, "time_steps", time_steps)
+    optimize = functools.partial(ss.optimize, isolate=False)
+    result = optimize(get_workload("mlp:tiny"), mesh=mesh24, n_trials=12, warmup=1,
+                      repeats=6, confirm_rounds=6, quiet=True,
+                      storage=f"sqlite:///{tmp_path / 'studies.db'}")
+    timed = [t for t in result.trials if t.label == "search" and not t.outcome.cache_hit
+             and t.outcome.step_times]
+    assert timed, "no searched candidate was timed; the test proves nothing"
+    for trial in timed:
+        assert trial.outcome.status == CUT and trial.outcome.cut_stage is Stage.MEASURE
+        assert len(trial.outcome.step_times) == 2
+    assert all(len(t.outcome.step_times) == 6 for t in result.trials
+               if t.label != "search" and t.outcome.step_times and not t.outcome.cache_hit)
+    assert isinstance(result.study.pruner, SlowerThanBest)
