@@ -16,17 +16,28 @@ BEST = (1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.02)
 
 
 @pytest.mark.parametrize("steps, best, cut", [
-    ((1.3, 1.2), BEST, True),           # two steps above all seven: p = 1/36
+    ((1.3, 1.2), BEST, True),           # above six of the best's seven (times 1.1): p = 1/18
     ((1.3,), BEST, False),              # one step is never enough
     ((1.3, 1.04), BEST, False),         # the second within the best's spread
     ((1.3, 1.2), (), False),            # a best without timed steps
     ((0.5, 0.6), BEST, False),          # faster
     ((1.0, 1.1, 0.9, 1.0), BEST, False),  # the same
     ((1.3, float("nan")), BEST, False),  # a step that is not a number
-    ((1.3, 1.2, 1.25, 1.21), BEST[:3], True),
+    ((1.4, 1.35, 1.45, 1.5), BEST[:3], True),
 ])
 def test_a_trial_is_cut_when_its_steps_are_significantly_above_the_bests(steps, best, cut):
     assert SlowerThanBest(0.1, 2).slower(steps, best) is cut
+
+
+def test_a_trial_within_the_margin_of_the_best_is_not_cut():
+    # 7% slower in every step: a finalist to re-time, not a loser, at the
+    # default margin of 10%; without a margin it is cut.
+    best = (1.0, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0)
+    steps = (1.07, 1.08, 1.06, 1.07, 1.07)
+    assert not SlowerThanBest().slower(steps, best)
+    assert SlowerThanBest(margin=0.0).slower(steps, best)
+    assert SlowerThanBest(margin=0.05).slower(steps, best)
+    assert not SlowerThanBest(margin=0.07).slower(steps, best)
 
 
 def test_the_rank_sum_test_cuts_where_a_paired_test_of_as_many_steps_cannot():
@@ -42,7 +53,8 @@ def test_the_rank_sum_test_cuts_where_a_paired_test_of_as_many_steps_cannot():
 @pytest.mark.parametrize("options, match", [
     (dict(p_threshold=0), "p_threshold=0"), (dict(p_threshold=1.5), "between 0 and 1"),
     (dict(p_threshold=True), "p_threshold=True"), (dict(min_steps=0), "min_steps=0"),
-    (dict(min_steps=2.5), "whole number"),
+    (dict(min_steps=2.5), "whole number"), (dict(margin=-0.1), "margin=-0.1"),
+    (dict(margin=float("inf")), "share >= 0"),
 ])
 def test_bad_pruner_options_are_refused(options, match):
     with pytest.raises(ValueError, match=match):

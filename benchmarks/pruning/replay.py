@@ -40,7 +40,10 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
         return None
     final_best = min((t for t in trials if t.state == COMPLETE), key=lambda t: t.value,
                      default=None)
+    retimed = (study.user_attrs.get("result") or {}).get("confirmation") or {}
+    finalists = {int(label.split()[1]) for label in retimed if label.startswith("trial ")}
     row = {"study": study.study_name, "trials": len(trials), "timed": 0, "recorded_cuts": [],
+           "swings": swings(trials, retimed),
            "rule_cuts": [], "cuts_completed": [], "later": 0, "saved_cut": 0.0,
            "saved_completed": 0.0, "moved": 0.0}
     total = sum(r.seconds for r in records.values() if r is not None)
@@ -69,7 +72,8 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
         elif at is not None:
             row["cuts_completed"].append(
                 (trial.number, at, trial.value / best.value,
-                 final_best is not None and trial.number == final_best.number))
+                 final_best is not None and trial.number == final_best.number,
+                 trial.number in finalists))
             row["saved_completed"] += saved
             row["moved"] += record.seconds - saved  # now time on a cut trial
     row["total"], row["cut_time"] = total, cut_time
@@ -80,15 +84,37 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
     return row
 
 
+def swings(trials: list, retimed: dict) -> list[tuple[str, float, float]]:
+    """Each plan the search re-timed at its end: (label, its search value
+    over the best search value among them, its re-timed median over that
+    plan's re-timed median)."""
+    def value(label: str) -> float | None:
+        if label.startswith("trial "):
+            return next(t.value for t in trials if t.number == int(label.split()[1]))
+        return min((t.value for t in trials if t.value is not None
+                    and t.user_attrs.get("label") == label), default=None)
+
+    values = {label: value(label) for label in retimed}
+    values = {label: v for label, v in values.items() if v is not None}
+    if len(values) < 2:
+        return []
+    ref = min(values, key=values.get)
+    return [(label, values[label] / values[ref],
+             retimed[label]["median"] / retimed[ref]["median"])
+            for label in sorted(values, key=values.get)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("storages", nargs="+", help="studies.db files")
     parser.add_argument("--out", type=Path, help="write the report here (else stdout)")
     parser.add_argument("--p", type=float, default=0.1, help="the rule's level (0.1)")
+    parser.add_argument("--margin", type=float, default=SlowerThanBest().margin,
+                        help="the rule's margin (its default)")
     parser.add_argument("--source", help="where the studies came from, for the report "
                                          "(e.g. the git command that restores them)")
     args = parser.parse_args(argv)
-    rule = SlowerThanBest(args.p, 2)
+    rule = SlowerThanBest(args.p, 2, args.margin)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows = []
     for path in args.storages:
@@ -111,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(rows: list[dict], args: argparse.Namespace) -> str:
     command = "python benchmarks/pruning/replay.py " + " ".join(args.storages) + (
-        f" --p {args.p}" if args.p != 0.1 else "") + (f" --out {args.out}" if args.out else "")
+        f" --p {args.p}" if args.p != 0.1 else "") + (
+        f" --margin {args.margin}" if args.margin != SlowerThanBest().margin else "") + (
+        f" --out {args.out}" if args.out else "")
     if args.source:
         command += f' --source "{args.source}"'
 
@@ -119,15 +147,16 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         "# The timing cut replayed on recorded studies", "",
         f"`{command}`. Nothing ran: each searched trial that reported its timed steps is "
         f"set against the best trial completed before it, and `SlowerThanBest` (rank-sum, "
-        f"p < {args.p}, from the second step) is asked after each recorded step "
-        "(`benchmarks/pruning/replay.py`'s docstring says how time is counted).",
+        f"p < {args.p}, margin {args.margin:.0%}, from the second step) is asked after each "
+        "recorded step (`benchmarks/pruning/replay.py`'s docstring says how time is counted).",
         *(["", f"The studies: {args.source}."] if args.source else []), "",
         "- *timed*: searched trials that reported steps, with a completed trial before them.",
         "- *recorded cuts*: those the recorded pruner cut while timing, and the steps each took.",
         "- *rule*: when the rule cuts the same trials (steps), and how many it leaves running "
         "past where they were cut (*later*).",
         "- *completed, cut by the rule*: trial (step it is cut at, its median over the best's; "
-        "**best** when it was the study's best trial).",
+        "**best** when it was the study's best trial, **finalist** when the search re-timed "
+        "it at its end).",
         "- *cut share*: time on trials that end up cut over the study's trial time, recorded "
         "and estimated with the rule.", "",
         "| study | timed | recorded cuts (steps) | rule (steps) | later | completed, cut by the "
@@ -135,8 +164,10 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        completed = ", ".join(f"{n} ({at}, {ratio:.2f}x{', **best**' if best else ''})"
-                              for n, at, ratio, best in r["cuts_completed"]) or "-"
+        completed = ", ".join(
+            f"{n} ({at}, {ratio:.2f}x{', **best**' if best else ''}"
+            f"{', **finalist**' if finalist else ''})"
+            for n, at, ratio, best, finalist in r["cuts_completed"]) or "-"
         lines.append(
             f"| {r['study']} | {r['timed']} | {len(r['recorded_cuts'])} "
             f"({_steps(r['recorded_cuts'])}) | {len(r['rule_cuts'])} ({_steps(r['rule_cuts'])})"
@@ -151,11 +182,24 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
               f"(mean {_mean(recorded)} steps); the rule cuts {len(ruled)} of them "
               f"(mean {_mean(ruled)} steps), leaves {sum(r['later'] for r in rows)} running "
               f"longer, and cuts {len(completed)} trials that completed "
-              f"({sum(c[3] for c in completed)} of them a study's best). Trial time "
+              f"({sum(c[3] for c in completed)} of them a study's best, "
+              f"{sum(c[4] for c in completed)} a finalist). Trial time "
               f"{sum(r['total'] for r in rows):.0f} s recorded, "
               f"{sum(r['total'] - r['saved_cut'] - r['saved_completed'] for r in rows):.0f} s "
               "estimated with the rule.", ""]
-    return "\n".join(lines)
+    lines += ["## The search's ratios against the re-timing's", "",
+              "Each plan a study re-timed at its end (its finalists and the baselines near "
+              "them): its search value over the best search value among them, and its "
+              "re-timed median (interleaved rounds) over that plan's. A plan the search "
+              "timed behind that comes out ahead when re-timed is one a timing cut must "
+              "not take.", "",
+              "| study | plan: search ratio → re-timed ratio |", "|---|---|"]
+    for r in rows:
+        if r["swings"]:
+            lines.append(f"| {r['study']} | " + "; ".join(
+                f"{label} {search:.3f} → {again:.3f}" for label, search, again in r["swings"])
+                + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _steps(steps: list[int]) -> str:
