@@ -539,6 +539,33 @@ def test_recheck_against_a_plan_the_suite_did_not_run(ran, tmp_path, capsys):
     assert not (tmp_path / "refused").exists()
 
 
+def test_a_plan_the_recheck_builds_by_name_is_pinned_as_the_suite_pins_its_experts(tmp_path):
+    """dp_do on gpt (which names its activations) runs with its activations'
+    batch on its batch split, as the suite's expert plans do, not left to
+    XLA's propagation beside a winner that is pinned."""
+    from shardsearch.search import fingerprint, plan_config
+    from shardsearch.workloads import expert_plan
+
+    path = _suite(tmp_path, [{"id": "g", "workload": "gpt", "size": "tiny",
+                              "mesh": "dp=2,tp=4", "trials": 3}])
+    suite = load_suite(str(path))
+    workload, mesh = get_workload("gpt:tiny"), ss.create_mesh((2, 4), ("dp", "tp"))
+    # The winner's plan file: FSDP as an expert writes it (its knobs unset).
+    fsdp = expert_plan(workload, mesh, "fsdp")
+    rule_file = ss.write_config(plan_config(fsdp.state_rule, fsdp.batch_rule, mesh),
+                                tmp_path / "g.json")
+    specs, setting, _ = bench.plan_file_specs(workload, rule_file, mesh, workload.abstract())
+    record = {"entry": {"id": "g"}, "budget": {"bytes": None}, "rule_file": str(rule_file),
+              "plans": [{"label": "winner", "fingerprint": fingerprint(specs, setting)}]}
+    prepared = _load_recheck().prepare(suite, record, "dp_do")
+    row = prepared["plans"]["dp_do"]
+    # dp_do splits the batch over every axis of the mesh.
+    assert row["knobs"] == {"act_batch": "dp,tp"} and row["fits"]
+    pinned = (("act_batch", "dp,tp"),)
+    assert row["fingerprint"] == fingerprint(prepared["specs"]["dp_do"], pinned)
+    assert prepared["contexts"]["dp_do"].setting == pinned
+
+
 def test_winner_changes_are_recorded_afterwards_as_the_run_records_them(ran, tmp_path):
     folder, _argv, out, _entries = ran
     copy = tmp_path / "tiny"

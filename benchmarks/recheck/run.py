@@ -29,8 +29,9 @@ shardsearch installed (`pip install -e .`):
 
 `--against` may also name a plan no suite runs (`NAMED_ONLY_PLANS`: dp_do,
 data parallelism with the Adam moments split, ZeRO-1; megatron_do): it is
-built for the entry's mesh, a winner with its very specs is reported as the
-same plan (nothing to time), one over the entry's budget (the analyzer,
+built for the entry's mesh, with its activations' batch pinned to its batch
+split as the suite pins its expert plans, a winner with its very specs (and
+knobs) is reported as the same plan (nothing to time), one over the entry's budget (the analyzer,
 then XLA's figures) is reported as not fitting, and the output goes to
 `versus-<plan>/` in the suite's folder, apart from the rechecks the suite's
 report shows.
@@ -61,6 +62,7 @@ from shardsearch.search import (
     baseline_candidates,
     fingerprint,
     make_context,
+    pin_batch,
     retime,
 )
 from shardsearch.workloads import NAMED_ONLY_PLANS, expert_plan, get_workload
@@ -237,14 +239,22 @@ def prepare(suite: Any, record: dict[str, Any], reference: str) -> dict[str, Any
         # no recorded figure; the same specs as the winner's are no contest.
         # It must fit the entry's budget as the suite's plans did: the
         # analyzer, then XLA's figures after a compile.
+        # Pinned as the suite pins its expert plans (`pin_batch`: the
+        # activations' batch on the plan's batch split, where the step names
+        # one), so a pinned winner is not set against an unpinned plan.
         plan = expert_plan(workload, mesh, reference)
-        reference_specs = Candidate(plan.state_rule, plan.batch_rule, reference).specs(
-            ctx.abstract_args)
-        fp = fingerprint(reference_specs)
-        plans[reference] = ({"label": reference, "role": "expert", "fingerprint": fp,
-                             "fits": True}  # the winner's own plan: its fit is on record
-                            if fp == plans["winner"]["fingerprint"] else
-                            plan_row(reference, "expert", reference_specs, ctx, {}))
+        built = pin_batch({reference: Candidate(plan.state_rule, plan.batch_rule, reference)},
+                          ctx.builds, ctx.abstract_args,
+                          dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)))[reference]
+        reference_specs = built.specs(ctx.abstract_args)
+        settings[reference] = built.knobs
+        fp = fingerprint(reference_specs, built.knobs)
+        if fp == plans["winner"]["fingerprint"]:  # the winner's own plan: its fit is on record
+            row = {"label": reference, "role": "expert", "fingerprint": fp, "fits": True}
+        else:
+            row = plan_row(reference, "expert", reference_specs, ctx.with_setting(built.knobs),
+                           {}, knobs=built.knobs)
+        plans[reference] = {**row, "knobs": dict(built.knobs)}
         recorded = None
     return {"ctx": ctx, "plans": plans, "recorded": recorded,
             "specs": {"winner": winner_specs, reference: reference_specs},
