@@ -4,14 +4,17 @@ have cut each timed candidate, against what the recorded pruner did?
 Nothing runs: each searched trial that reported its timed steps is set
 against the best trial completed before it (by trial number: a suite's
 studies run one process each), and the rule is asked after each of its
-recorded steps, from the second. Per study it reports the trials the
-recorded pruner cut while timing and after how many steps, when the rule
-would have cut them, the completed trials it would have cut (and whether
-one of them was the study's best), and the share of the study's trial time
-spent on trials that end up cut, as recorded and as estimated with the rule:
-a trial cut earlier saves its dropped steps at its own mean step time; a
-trial the rule leaves running past where the recorded pruner stopped it is
-counted at its recorded time (a lower bound: it would have run longer).
+recorded steps, from the second to the one before the last (a cut after the
+last stops nothing: the trial completes, as it does in the search). Per
+study it reports the trials the recorded pruner cut while timing and after
+how many steps, when the rule would have cut them, the completed trials it
+would have cut (and whether one was the study's best, or a finalist it
+re-timed), and the share of the study's trial time spent on trials that end up
+cut, as recorded and as estimated with the rule: a trial cut earlier saves
+its dropped steps at its own mean step time; a trial the rule leaves running
+past where the recorded pruner stopped it is counted at its recorded time
+for the low estimate and with every step it did not run (to the study's
+most, its timed repeats) for the high one.
 
 Usage:
   python benchmarks/pruning/replay.py benchmarks/results/cpu-sim8/studies.db \
@@ -45,7 +48,8 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
     row = {"study": study.study_name, "trials": len(trials), "timed": 0, "recorded_cuts": [],
            "swings": swings(trials, retimed),
            "rule_cuts": [], "cuts_completed": [], "later": 0, "saved_cut": 0.0,
-           "saved_completed": 0.0, "moved": 0.0}
+           "saved_completed": 0.0, "moved": 0.0, "extra": 0.0}
+    repeats = max(len(t.intermediate_values) for t in trials)
     total = sum(r.seconds for r in records.values() if r is not None)
     cut_time = sum(r.seconds for r in records.values()
                    if r is not None and r.outcome.status == Status.CUT)
@@ -59,13 +63,15 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
             continue
         best = min(earlier, key=lambda t: t.value)
         row["timed"] += 1
-        at = next((n for n in range(rule.min_steps, len(steps) + 1)
+        # A cut after the last repeat stops nothing: the trial completes.
+        at = next((n for n in range(rule.min_steps, min(len(steps), repeats - 1) + 1)
                    if rule.slower(steps[:n], timed_steps(best))), None)
         saved = 0.0 if at is None else (len(steps) - at) * statistics.fmean(steps)
         if record.outcome.status == Status.CUT and record.outcome.cut_stage == Stage.MEASURE:
             row["recorded_cuts"].append(len(steps))
             if at is None:
                 row["later"] += 1
+                row["extra"] += (repeats - len(steps)) * statistics.fmean(steps)
             else:
                 row["rule_cuts"].append(at)
                 row["saved_cut"] += saved
@@ -171,8 +177,7 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         lines.append(
             f"| {r['study']} | {r['timed']} | {len(r['recorded_cuts'])} "
             f"({_steps(r['recorded_cuts'])}) | {len(r['rule_cuts'])} ({_steps(r['rule_cuts'])})"
-            f" | {r['later']} | {completed} | {r['total']:.0f} → "
-            f"{r['total'] - r['saved_cut'] - r['saved_completed']:.0f} | "
+            f" | {r['later']} | {completed} | {r['total']:.0f} → {_range(r)} | "
             f"{_pct(r['share'])} | {_pct(r['share_rule'])} |")
     timed = sum(r["timed"] for r in rows)
     recorded = [n for r in rows for n in r["recorded_cuts"]]
@@ -185,8 +190,8 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
               f"({sum(c[3] for c in completed)} of them a study's best, "
               f"{sum(c[4] for c in completed)} a finalist). Trial time "
               f"{sum(r['total'] for r in rows):.0f} s recorded, "
-              f"{sum(r['total'] - r['saved_cut'] - r['saved_completed'] for r in rows):.0f} s "
-              "estimated with the rule.", ""]
+              f"{_range({k: sum(r[k] for r in rows) for k in _TIMES})} s estimated with the "
+              "rule.", ""]
     lines += ["## The search's ratios against the re-timing's", "",
               "Each plan a study re-timed at its end (its finalists and the baselines near "
               "them): its search value over the best search value among them, and its "
@@ -200,6 +205,15 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
                 f"{label} {search:.3f} → {again:.3f}" for label, search, again in r["swings"])
                 + " |")
     return "\n".join(lines) + "\n"
+
+
+_TIMES = ("total", "saved_cut", "saved_completed", "extra")
+
+
+def _range(r: dict) -> str:
+    low = r["total"] - r["saved_cut"] - r["saved_completed"]
+    high = low + r["extra"]
+    return f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}–{high:.0f}"
 
 
 def _steps(steps: list[int]) -> str:
