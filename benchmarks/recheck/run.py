@@ -31,10 +31,10 @@ shardsearch installed (`pip install -e .`):
 data parallelism with the Adam moments split, ZeRO-1; megatron_do): it is
 built for the entry's mesh, with its activations' batch pinned to its batch
 split as the suite pins its expert plans, a winner with its very specs (and
-knobs) is reported as the same plan (nothing to time), one over the entry's budget (the analyzer,
-then XLA's figures) is reported as not fitting, and the output goes to
-`versus-<plan>/` in the suite's folder, apart from the rechecks the suite's
-report shows.
+knobs) is reported as the same plan (nothing to time), one over the entry's
+budget (the analyzer, then XLA's figures) is reported as not fitting, and
+the output goes to `versus-<plan>/` in the suite's folder, apart from the
+rechecks the suite's report shows.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ is behind it, laid out by job (docs/architecture.md):
   the output check (`compare_outputs`).
 - `execution/`: where candidates run: the `Executor` protocol, `InProcess`.
 - `study/`: `TrialRecord`, `make_sampler`, the timing cut
-  (`SlowerThanBest`, and `timed_steps`: a trial's recorded steps), `confirm_study`'s storage,
-  `prediction_summary` (stage 1's memory verdicts against XLA's).
+  (`SlowerThanBest`, and `timed_steps`: a trial's recorded steps),
+  `confirm_study`'s storage, `prediction_summary` (stage 1's memory
+  verdicts against XLA's).
 - The driver: `SearchSettings`, `make_context`, `StudySetup`, `prepare`,
   `optimize`, `OptimizeResult`, `NothingCompleted` (no candidate completed:
   no winner), `export_config`, `confirm_study`.
