@@ -44,8 +44,8 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
     final_best = min((t for t in trials if t.state == COMPLETE), key=lambda t: t.value,
                      default=None)
     retimed = (study.user_attrs.get("result") or {}).get("confirmation") or {}
-    finalists = {int(label.split()[1]) for label in retimed if label.startswith("trial ")}
-    row = {"study": study.study_name, "trials": len(trials), "timed": 0, "recorded_cuts": [],
+    finalists = {_number(label) for label in retimed} - {None}
+    row = {"study": study.study_name, "timed": 0, "recorded_cuts": [],
            "swings": swings(trials, retimed),
            "rule_cuts": [], "cuts_completed": [], "later": 0, "saved_cut": 0.0,
            "saved_completed": 0.0, "moved": 0.0, "extra": 0.0}
@@ -53,15 +53,13 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
     total = sum(r.seconds for r in records.values() if r is not None)
     cut_time = sum(r.seconds for r in records.values()
                    if r is not None and r.outcome.status == Status.CUT)
-    for i, trial in enumerate(trials):
+    best = None  # the best trial completed before this one
+    for trial in trials:
         record = records[trial.number]
         steps = tuple(trial.intermediate_values.values())
-        if record is None or not steps:
+        if record is None or not steps or best is None:
+            best = _better(best, trial)
             continue
-        earlier = [t for t in trials[:i] if t.state == COMPLETE and t.value is not None]
-        if not earlier:
-            continue
-        best = min(earlier, key=lambda t: t.value)
         row["timed"] += 1
         # A cut after the last repeat stops nothing: the trial completes.
         at = next((n for n in range(rule.min_steps, min(len(steps), repeats - 1) + 1)
@@ -82,7 +80,8 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
                  trial.number in finalists))
             row["saved_completed"] += saved
             row["moved"] += record.seconds - saved  # now time on a cut trial
-    row["total"], row["cut_time"] = total, cut_time
+        best = _better(best, trial)
+    row["total"] = total
     new_total = total - row["saved_cut"] - row["saved_completed"]
     row["share"] = cut_time / total if total else None
     row["share_rule"] = ((cut_time - row["saved_cut"] + row["moved"]) / new_total
@@ -90,13 +89,27 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
     return row
 
 
+def _better(best: optuna.trial.FrozenTrial | None,
+            trial: optuna.trial.FrozenTrial) -> optuna.trial.FrozenTrial | None:
+    """`trial` when it completed with a lower value than `best` (the first
+    on a tie), else `best`."""
+    if trial.state != COMPLETE or trial.value is None:
+        return best
+    return trial if best is None or trial.value < best.value else best
+
+
+def _number(label: str) -> int | None:
+    """The trial number in a re-timed plan's label ("trial 15"); None for a baseline's."""
+    return int(label.split()[1]) if label.startswith("trial ") else None
+
+
 def swings(trials: list, retimed: dict) -> list[tuple[str, float, float]]:
     """Each plan the search re-timed at its end: (label, its search value
     over the best search value among them, its re-timed median over that
     plan's re-timed median)."""
     def value(label: str) -> float | None:
-        if label.startswith("trial "):
-            return next(t.value for t in trials if t.number == int(label.split()[1]))
+        if (number := _number(label)) is not None:
+            return next(t.value for t in trials if t.number == number)
         return min((t.value for t in trials if t.value is not None
                     and t.user_attrs.get("label") == label), default=None)
 
