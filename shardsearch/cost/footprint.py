@@ -234,13 +234,12 @@ def _placements(g: DimGraph, options: Mapping[Node, list[tuple[int, tuple[str, .
         for _, d, names in sorted(choices):
             if placed[d]:
                 continue
-            extent, taken = g.shapes[vid][d], []
+            size, taken = g.shapes[vid][d], []
             for name in names:
-                n = axis_sizes.get(name, 1)
-                if name in used or n <= 1 or extent == 1:
+                if (name in used or axis_sizes.get(name, 1) <= 1
+                        or _shard_dim(size, taken, axis_sizes) == 1):
                     continue
                 taken.append(name)
-                extent = -(-extent // n)
             used.update(taken)
             placed[d] = tuple(taken)
         if used:
@@ -264,6 +263,7 @@ def _shard_bytes(g: DimGraph, placements: Mapping[int, Sequence[tuple[str, ...]]
 
 
 def _shard_dim(extent: int, axes: Sequence[str], axis_sizes: Mapping[str, int]) -> int:
+    """A dim's extent on one device split by `axes` in order, each rounded up."""
     for name in axes:
         extent = -(-extent // axis_sizes[name])
     return extent
