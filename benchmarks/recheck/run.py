@@ -245,7 +245,7 @@ def prepare(suite: Any, record: dict[str, Any], reference: str) -> dict[str, Any
         plan = expert_plan(workload, mesh, reference)
         built = pin_batch({reference: Candidate(plan.state_rule, plan.batch_rule, reference)},
                           ctx.builds, ctx.abstract_args,
-                          dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)))[reference]
+                          dict(mesh.shape))[reference]
         reference_specs = built.specs(ctx.abstract_args)
         settings[reference] = built.knobs
         fp = fingerprint(reference_specs, built.knobs)
