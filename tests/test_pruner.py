@@ -7,6 +7,7 @@ import optuna
 import pytest
 
 import shardsearch as ss
+from shardsearch.base.warnings import ShardsearchWarning
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.search.evaluation.stages import CUT, Stage
 from shardsearch.search.study.pruner import SlowerThanBest
@@ -68,6 +69,26 @@ def test_a_maximised_study_is_refused():
     trial.report(1.0, 1)
     with pytest.raises(ValueError, match="prunes a minimised study"):
         trial.should_prune()
+
+
+def test_a_best_trial_without_timed_steps_cuts_nothing_and_says_so_once():
+    # A completed trial with neither reports nor a recorded outcome, as a
+    # study stored before shardsearch kept the steps holds it.
+    study = optuna.create_study(pruner=SlowerThanBest())
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+
+    def slow_trial():
+        trial = study.ask()
+        for i in range(3):
+            trial.report(5.0, i)
+        return trial
+
+    first = slow_trial()
+    with pytest.warns(ShardsearchWarning, match="trial 0, the study's best, has no timed "
+                                                "steps on record"):
+        assert not first.should_prune()
+    study.tell(first, 5.0)  # slower than the best: trial 0 stays the best
+    assert not slow_trial().should_prune()  # no second warning: warnings are errors here
 
 
 def test_a_candidate_slower_than_a_baseline_is_cut_after_two_steps(mesh24, tmp_path,

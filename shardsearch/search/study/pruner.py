@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 
 import optuna
 import scipy.stats
 
+from ...base.warnings import ShardsearchWarning
 from .record import TrialRecord
 
 
@@ -45,8 +47,9 @@ class SlowerThanBest(optuna.pruners.BasePruner):
     the best's times `1 + margin`" has p below `p_threshold`. The best trial
     is the study's (`study.best_trial`); its steps are its intermediate
     values, else the step times of its recorded outcome (baselines and cache
-    hits report none). With no best trial, or one without timed steps,
-    nothing is cut.
+    hits report none). With no best trial nothing is cut; with a best trial
+    without timed steps on record (one stored before shardsearch kept them)
+    nothing is cut either, and a `ShardsearchWarning` says so, once.
 
     Args:
       p_threshold: the test's level, in (0, 1).
@@ -80,6 +83,7 @@ class SlowerThanBest(optuna.pruners.BasePruner):
         self.p_threshold = float(p_threshold)
         self.min_steps = min_steps
         self.margin = float(margin)
+        self._warned = False
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         if study.direction != optuna.study.StudyDirection.MINIMIZE:
@@ -92,7 +96,14 @@ class SlowerThanBest(optuna.pruners.BasePruner):
             best = study.best_trial
         except ValueError:  # nothing completed yet
             return False
-        return self.slower(steps, timed_steps(best))
+        best_steps = timed_steps(best)
+        if not best_steps and not self._warned:
+            self._warned = True
+            warnings.warn(ShardsearchWarning(
+                f"trial {best.number}, the study's best, has no timed steps on record (stored "
+                "before shardsearch kept them), so no candidate is cut while timed until a "
+                "timed one beats it"), stacklevel=2)
+        return self.slower(steps, best_steps)
 
     def slower(self, steps: tuple[float, ...], best: tuple[float, ...]) -> bool:
         """Whether `steps` are significantly slower than `best` (both seconds)."""
