@@ -21,6 +21,7 @@ from shardsearch.cost.links import Link
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.search.evaluation.objectives import Hybrid, get_objective
 from shardsearch.search.evaluation.stages import CUT, Stage
+from shardsearch.search.evaluation.standing import Standing
 from shardsearch.search.setup import make_context
 from shardsearch.search.space.baselines import baseline_candidates
 from shardsearch.search.study.record import TrialRecord, recorded_estimates
@@ -252,10 +253,10 @@ def test_axes_across_hosts_cost_more_and_reach_the_worker(mesh24):
     with ctx:
         specs, fp = _evaluate.resolve(dp, ctx)
         cut = _evaluate.evaluate(specs, fp, ctx, lambda i, s: False,
-                                 estimates=(across.estimate / 10,))
+                                 standing=Standing((across.estimate / 10,)))
         assert cut.cut_stage == Stage.ESTIMATE and cut.estimate == across.estimate
         timed = _evaluate.evaluate(specs, fp, ctx, lambda i, s: False,
-                                   estimates=(across.estimate,))
+                                   standing=Standing((across.estimate,)))
         assert timed.status == "complete" and timed.step_times
         assert timed.estimate == across.estimate and ctx.executor.pid is not None
 

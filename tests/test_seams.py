@@ -18,6 +18,7 @@ import shardsearch as ss
 from shardsearch.search import (
     InProcess,
     Stage,
+    Standing,
     baseline_candidates,
     compare_outputs,
     evaluate,
@@ -40,9 +41,9 @@ class Counting(Base):
     def __init__(self):
         self.inner, self.calls = InProcess(), []
 
-    def evaluate(self, ctx, specs, fp, memory, report, run, estimates):
-        self.calls.append(("evaluate", fp, estimates))
-        return self.inner.evaluate(ctx, specs, fp, memory, report, run, estimates)
+    def evaluate(self, ctx, specs, fp, memory, report, run, standing):
+        self.calls.append(("evaluate", fp, standing.estimates))
+        return self.inner.evaluate(ctx, specs, fp, memory, report, run, standing)
 
     def nonfinite_under(self, ctx, specs):
         self.calls.append(("nonfinite",))
@@ -66,7 +67,7 @@ def test_an_executor_defined_outside_the_package_runs_every_job(mesh24):
     dp, dp_fp = resolve(plans["dp"], ctx)
     replicated, _ = resolve(plans["replicated"], ctx)
 
-    outcome = evaluate(dp, dp_fp, ctx, estimates=(0.5,))
+    outcome = evaluate(dp, dp_fp, ctx, standing=Standing((0.5,)))
     assert outcome.status == "complete" and len(outcome.step_times) == 2
     assert nonfinite_under(replicated, ctx) is None
     timings = retime([("dp", dp), ("replicated", replicated)], ctx, 3)

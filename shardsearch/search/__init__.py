@@ -11,7 +11,10 @@ is behind it, laid out by job (docs/architecture.md):
   `fingerprint`, `Context`, `resolve`, `evaluate`, `Objective` and the
   registry (`register_objective`, `get_objective`, `OBJECTIVES`), the
   interleaved re-timing (`retime`, `Timing`, `median_ci`, `faster_than`) and
-  the output check (`compare_outputs`).
+  the output check (`compare_outputs`), and what a trial is judged against
+  besides itself (`Standing`: the study's recorded estimates and its best
+  trial, a `Leader`, whose program a timed candidate's is held against;
+  `recorded_leader` finds it in a study's trials).
 - `execution/`: where candidates run: the `Executor` protocol, `InProcess`.
 - `study/`: `TrialRecord`, `make_sampler`, the timing cut
   (`SlowerThanBest`, and `timed_steps`: a trial's recorded steps),
@@ -70,6 +73,8 @@ from .evaluation.outcome import Outcome as Outcome
 from .evaluation.outcome import fingerprint as fingerprint
 from .evaluation.stages import Stage as Stage
 from .evaluation.stages import Status as Status
+from .evaluation.standing import Leader as Leader
+from .evaluation.standing import Standing as Standing
 from .execution.base import Executor as Executor
 from .execution.inprocess import InProcess as InProcess
 from .export import export_config as export_config
@@ -93,6 +98,7 @@ from .study.pruner import SlowerThanBest as SlowerThanBest
 from .study.pruner import timed_steps as timed_steps
 from .study.record import TrialRecord as TrialRecord
 from .study.record import prediction_summary as prediction_summary
+from .study.record import recorded_leader as recorded_leader
 from .study.storage import make_sampler as make_sampler
 
 __all__ = [
@@ -105,6 +111,7 @@ __all__ = [
     "InProcess",
     "Kernel",
     "KernelCost",
+    "Leader",
     "NothingCompleted",
     "Objective",
     "OptimizeResult",
@@ -115,6 +122,7 @@ __all__ = [
     "ShapeWarning",
     "SlowerThanBest",
     "Stage",
+    "Standing",
     "Status",
     "StudySetup",
     "TargetUnavailable",
@@ -147,6 +155,7 @@ __all__ = [
     "prediction_pool",
     "prediction_summary",
     "prepare",
+    "recorded_leader",
     "register_objective",
     "registered_kinds",
     "resolve",

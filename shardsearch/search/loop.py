@@ -29,6 +29,7 @@ from ..base.warnings import ShardsearchWarning, warn_notes
 from .evaluation import evaluate as _evaluate
 from .evaluation.outcome import Outcome
 from .evaluation.stages import COMPLETE, CUT, Stage
+from .evaluation.standing import Standing
 from .execution import distributed as _distributed
 from .execution.lockstep import Lockstep
 from .finish import finish
@@ -61,6 +62,7 @@ from .study.record import (
     memory_ratios,
     record_attrs,
     recorded_estimates,
+    recorded_leader,
     store_result,
 )
 from .study.storage import (
@@ -616,15 +618,19 @@ class _Runner:
             # From the study, not this process's records: a resumed study and
             # the other processes sharing it count too.
             scales = self.ctx.memory_prediction == "cut" and self.ctx.memory_limit()
+            objective = self.ctx.objective
+            leads = objective.cuts_behind_leader and report is not None
             trials = (self.study.get_trials(deepcopy=False)
-                      if scales or self.ctx.objective.needs_estimates else ())
-            estimates = recorded_estimates(trials) if self.ctx.objective.needs_estimates else ()
+                      if scales or objective.needs_estimates or leads else ())
+            standing = Standing(
+                recorded_estimates(trials) if objective.needs_estimates else (),
+                recorded_leader(trials) if leads else None)
             ratios, borrowed = memory_ratios(trials, candidate.knobs) if scales else ((), False)
             # Recorded by the executor if it ends stuck in this candidate.
             with interruptible(), self.ctx.executor.guard(
                     lambda failed: self.record(trial, candidate, failed, start)):
                 outcome = _evaluate.evaluate(specs, fp, self.ctx.with_setting(candidate.knobs),
-                                             report, estimates=estimates, ratios=ratios,
+                                             report, standing=standing, ratios=ratios,
                                              borrowed=borrowed)
             notes = candidate.notes(self.ctx.abstract_args)
             if notes:

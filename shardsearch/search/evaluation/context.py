@@ -92,8 +92,9 @@ class Context:
         (`base.activations.trace_points`, the points whose unnamed dims are
         whole), which the study records for a flax-rules export.
 
-    What changes from trial to trial (the study's recorded estimates) is not
-    here: it travels with the trial (`evaluate(..., estimates=...)`).
+    What changes from trial to trial (the study's recorded estimates, its best
+    trial) is not here: it travels with the trial (`evaluate(..., standing=...)`,
+    `standing.Standing`).
     """
 
     step: Callable[..., Any]

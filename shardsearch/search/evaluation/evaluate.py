@@ -10,8 +10,11 @@ Each stage can end the evaluation, cheapest first:
                aliased bytes) over the budget. Nothing runs.
   3. measure — timed repeats reported one by one; the caller's `report`
                callback may stop it once the candidate is clearly slower.
-Between 2 and 3 the "hybrid" objective may cut a candidate at `Stage.ESTIMATE`:
-its estimate is too far behind the best the study has recorded to be timed.
+Between 2 and 3 an objective that times steps may cut a candidate at
+`Stage.ESTIMATE`: its compiled program does clearly more arithmetic than the
+study's best trial's and no less of anything else (`standing.Leader.behind`),
+or (the "hybrid" objective) its estimate is too far behind the best the study
+has recorded to be timed.
 A compile that raises or overruns `compile_timeout` is a failed candidate, and
 so is a step that raises, or whose outputs hold NaN or Inf after the warm-up
 ("non-finite loss"). The stages and statuses are defined once, in
@@ -65,6 +68,7 @@ from .outcome import (
     fingerprint,
 )
 from .stages import COMPLETE, CUT, FAILED, Stage, Status
+from .standing import NO_STANDING, Standing
 
 CLEAR_CACHES_EVERY = 20
 
@@ -80,8 +84,8 @@ class CompiledCandidate:
       program: its cost figures, read once (`cost.program.ProgramCost`).
       compile_seconds: lower + compile wall time.
       memory: per-device bytes: the analyzer's "arguments" and XLA's figures.
-      estimates: the study's recorded estimates as of this trial, ascending
-        (what the "hybrid" objective compares this candidate with).
+      standing: the study as of this trial (`standing.Standing`): its
+        recorded estimates, its best trial's program costs.
     """
 
     fingerprint: str
@@ -90,13 +94,29 @@ class CompiledCandidate:
     program: ProgramCost
     compile_seconds: float
     memory: dict[str, int]
-    estimates: tuple[float, ...] = ()
+    standing: Standing = NO_STANDING
+
+    @property
+    def estimates(self) -> tuple[float, ...]:
+        """The study's recorded estimates as of this trial, ascending (what the
+        "hybrid" objective compares this candidate with)."""
+        return self.standing.estimates
+
+    def behind_leader(self) -> str | None:
+        """Why this program is clearly slower than the study's best trial's, or
+        None (`standing.Leader.behind`; None without a leader)."""
+        leader = self.standing.leader
+        if leader is None:
+            return None
+        return leader.behind(self.program.flops, self.program.link_bytes,
+                             self.program.bytes_accessed)
 
     def base(self) -> dict[str, Any]:
         """The `Outcome` fields every outcome from here on shares."""
         return dict(fingerprint=self.fingerprint, compile_seconds=self.compile_seconds,
                     memory=dict(self.memory), flops=self.program.flops,
-                    collective_bytes=self.program.link_bytes, notes=self.program.notes())
+                    collective_bytes=self.program.link_bytes,
+                    bytes_accessed=self.program.bytes_accessed, notes=self.program.notes())
 
     def outcome(self, status: Status | str, **fields: Any) -> Outcome:
         """An `Outcome` of this candidate, e.g. `outcome(COMPLETE, value=0.012)`."""
@@ -460,7 +480,7 @@ def evaluate(
     ctx: Context,
     report: Callable[[int, float], bool] | None = None,
     run: bool = True,
-    estimates: Sequence[float] = (),
+    standing: Standing = NO_STANDING,
     ratios: Sequence[float] = (),
     borrowed: bool = False,
 ) -> Outcome:
@@ -481,10 +501,11 @@ def evaluate(
       run: False stops a candidate that passed stage 2 before an objective
         that runs the step runs it (complete, with no value): enough to know
         whether a plan fits. Objectives that run nothing still score it.
-      estimates: the estimates the study has recorded so far, one per
-        distinct candidate (`study.record.recorded_estimates`): what the
-        "hybrid" objective compares this candidate with. They belong to this
-        trial, so they travel with it (`CompiledCandidate.estimates`).
+      standing: the study as of this trial (`standing.Standing`): the
+        estimates it has recorded (what the "hybrid" objective compares this
+        candidate with) and its best trial's program costs (what a timed
+        candidate's program is held against before it runs). They belong to
+        this trial, so they travel with it (`CompiledCandidate.standing`).
       ratios: XLA's total over the predicted memory for the study's compiled
         candidates of this one's pool, or `borrowed` from every candidate
         whose activations' batch is placed (`pool_ratios`, `check`), which
@@ -493,8 +514,7 @@ def evaluate(
     cut, memory = check(specs, fp, ctx, ratios, borrowed)
     if cut is not None:
         return dataclasses.replace(cut, notes=cut.notes + prediction_notes(ctx))
-    outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, report, run,
-                                         tuple(estimates))
+    outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, report, run, standing)
     if ctx.verbose:
         _logs.echo(log.text, f"candidate {fp}")
     return dataclasses.replace(outcome, log_count=log.count, log_first=log.first,
@@ -508,7 +528,7 @@ def compile_and_score(
     memory: dict[str, int],
     report: Callable[[int, float], bool] | None = None,
     run: bool = True,
-    estimates: Sequence[float] = (),
+    standing: Standing = NO_STANDING,
 ) -> Outcome:
     """Stage 2 and the objective, in whichever process runs the candidate.
 
@@ -532,7 +552,7 @@ def compile_and_score(
     program = ProgramCost.from_compiled(compiled)
     memory.update(program.memory.to_json())
     candidate = CompiledCandidate(fp, tuple(specs), compiled, program, compile_seconds, memory,
-                                  tuple(estimates))
+                                  standing)
     chip_memory = ctx.chip_memory()
     if chip_memory is not None and memory["total"] > chip_memory:
         # The GPU compiler only warns about a program over the device's

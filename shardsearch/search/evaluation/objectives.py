@@ -17,7 +17,11 @@ search reads instead of comparing names:
   (and the plan file's "hardware" section) names the model;
 - `needs_estimates`: it compares a candidate with the estimates the study has
   recorded (`CompiledCandidate.estimates`), so the loop reads them from the
-  study before each trial.
+  study before each trial;
+- `cuts_behind_leader`: it cuts a searched candidate before timing it when
+  its compiled program does clearly more arithmetic than the study's best
+  trial's and moves no fewer bytes (`CompiledCandidate.behind_leader`), so
+  the loop reads that trial from the study before each trial.
 
 Built in: "measured" (median step time on the mesh), "static" (the
 hardware model's estimate from the compiled program; nothing runs) and
@@ -79,6 +83,9 @@ class Objective:
         study records.
       needs_estimates: its `score` reads `candidate.estimates`, which the
         search loop then reads from the study before each trial.
+      cuts_behind_leader: its `score` cuts a candidate scored with a `report`
+        at `Stage.ESTIMATE` when `candidate.behind_leader()` says why (the
+        loop gives it the study's best trial, `standing.Leader`).
     """
 
     name: ClassVar[str] = ""
@@ -88,6 +95,7 @@ class Objective:
     timed_in: ClassVar[str] = "estimate"
     uses_hardware: ClassVar[bool] = False
     needs_estimates: ClassVar[bool] = False
+    cuts_behind_leader: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         kind = type(self).__name__
@@ -118,16 +126,25 @@ class Objective:
 
 
 class Measured(Objective):
-    """The median of timed steps on the mesh (`evaluate.measure`)."""
+    """The median of timed steps on the mesh (`evaluate.measure`).
+
+    A searched candidate (scored with a `report`) whose compiled program does
+    clearly more arithmetic than the study's best trial's and moves no fewer
+    bytes is cut at `Stage.ESTIMATE` instead, before its arguments are placed
+    (`standing.Leader.behind`).
+    """
 
     name = "measured"
     needs_host_args = True
     prunes_while_timing = True
     confirms = True
     timed_in = "search"
+    cuts_behind_leader = True
 
     def score(self, candidate: CompiledCandidate, ctx: Context,
               report: Callable[[int, float], bool] | None) -> Outcome:
+        if report is not None and (why := candidate.behind_leader()) is not None:
+            return candidate.outcome(CUT, cut_stage=Stage.ESTIMATE, reason=why)
         # Looked up on the module at call time, so tests can watch `measure`.
         return _evaluate.measure(candidate.compiled, candidate.specs, ctx, report,
                                  candidate.base())
@@ -162,9 +179,10 @@ class Hybrid(Objective):
     A candidate is timed (as by "measured") when its estimate is within
     `factor` times the best estimate the study has recorded, or among the
     `top_k` smallest (counting it); otherwise it is cut at `Stage.ESTIMATE`
-    with its estimate and the reason. Measurement decides the winner and the
-    confirmation re-times the finalists, as for "measured"; the estimate
-    only saves the time of candidates it rules out.
+    with its estimate and the reason, as is one whose program is clearly
+    behind the study's best trial's (as for "measured"). Measurement decides
+    the winner and the confirmation re-times the finalists, as for
+    "measured"; the estimate only saves the time of candidates it rules out.
 
     Candidates scored without a `report` (the baselines, hand-picked ones)
     are always measured; their estimates still count. "The best so far" is
@@ -190,6 +208,7 @@ class Hybrid(Objective):
     timed_in = "search"
     uses_hardware = True
     needs_estimates = True
+    cuts_behind_leader = True
 
     factor: float = 1.5
     top_k: int = 3
@@ -231,8 +250,9 @@ class Hybrid(Objective):
             # Measurement decides; an estimate that cannot be made rules nothing out.
             estimate, breakdown = None, None
         found: dict[str, Any] = {"estimate": estimate, "breakdown": breakdown}
-        if report is not None and estimate is not None:
-            why = self.gate(estimate, candidate.estimates)
+        if report is not None:
+            why = (candidate.behind_leader()
+                   or (None if estimate is None else self.gate(estimate, candidate.estimates)))
             if why is not None:
                 return candidate.outcome(CUT, cut_stage=Stage.ESTIMATE, reason=why, **found)
         # Looked up on the module at call time, so tests can watch `measure`.

@@ -51,6 +51,9 @@ class Outcome:
         the loop trips it leaves out added back (`ProgramCost.flops`); XLA's
         own count when the HLO text could not be read; None before compiling.
       collective_bytes: bytes moved by collectives per device per step.
+      bytes_accessed: bytes the compiled program reads and writes per device
+        per step, loops counted (`ProgramCost.bytes_accessed`); None before
+        compiling, and in outcomes stored before it was kept.
       cache_hit: the result was reused from an earlier identical fingerprint.
       log_count: non-blank lines XLA (or the step) printed to stderr while
         the candidate compiled and ran, e.g. "[SPMD] Involuntary full
@@ -92,6 +95,7 @@ class Outcome:
     memory: dict[str, int] = dataclasses.field(default_factory=dict)
     flops: float | None = None
     collective_bytes: float | None = None
+    bytes_accessed: float | None = None
     cache_hit: bool = False
     log_count: int = 0
     log_first: str = ""
@@ -131,8 +135,9 @@ class Outcome:
                 out[key] = list(out[key])
             else:
                 del out[key]
-        if out["compiler_estimate"] is None:
-            del out["compiler_estimate"]
+        for key in ("compiler_estimate", "bytes_accessed"):
+            if out[key] is None:
+                del out[key]
         return out
 
     @classmethod

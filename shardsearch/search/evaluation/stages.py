@@ -43,9 +43,11 @@ class Stage(enum.Enum):
     COMPILE = "compile"
     """XLA's memory analysis over the budget. Nothing runs."""
     ESTIMATE = "estimate"
-    """The hardware model's estimate of the compiled program too far behind the
-    best estimates the study has recorded to be worth timing (the "hybrid"
-    objective). Nothing runs."""
+    """The compiled program judged too far behind the study's best before it
+    is timed: it does clearly more arithmetic than the best trial's program
+    and moves no fewer bytes (objectives that time steps), or the hardware
+    model's estimate is too far behind the best estimates recorded (the
+    "hybrid" objective). Nothing runs."""
     MEASURE = "measure"
     """Timed repeats, stopped once the candidate is clearly slower."""
 

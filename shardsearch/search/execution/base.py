@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..evaluation.context import Context
     from ..evaluation.logs import LogLines
     from ..evaluation.outcome import Outcome
+    from ..evaluation.standing import Standing
 
 
 @runtime_checkable
@@ -50,10 +51,10 @@ class Executor(Protocol):
 
     def evaluate(self, ctx: Context, specs: Sequence[Any], fp: str, memory: dict[str, int],
                  report: Callable[[int, float], bool] | None, run: bool,
-                 estimates: tuple[float, ...]) -> tuple[Outcome, LogLines]:
+                 standing: Standing) -> tuple[Outcome, LogLines]:
         """Stage 2 and the objective (`evaluation.evaluate.compile_and_score`),
-        with the candidate's log lines; `estimates` are the study's recorded
-        estimates as of this trial."""
+        with the candidate's log lines; `standing` is the study as of this
+        trial (`evaluation.standing.Standing`)."""
         ...
 
     def nonfinite_under(self, ctx: Context, specs: Sequence[Any]) -> str | None:

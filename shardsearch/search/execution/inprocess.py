@@ -15,6 +15,7 @@ from ..evaluation import evaluate as _evaluate
 from ..evaluation import logs as _logs
 from ..evaluation.context import Context
 from ..evaluation.outcome import Outcome
+from ..evaluation.standing import Standing
 from .base import Base
 
 
@@ -25,10 +26,10 @@ class InProcess(Base):
 
     def evaluate(self, ctx: Context, specs: Sequence[Any], fp: str, memory: dict[str, int],
                  report: Callable[[int, float], bool] | None, run: bool,
-                 estimates: tuple[float, ...]) -> tuple[Outcome, _logs.LogLines]:
+                 standing: Standing) -> tuple[Outcome, _logs.LogLines]:
         with _logs.capture_stderr() as caught:
             outcome = _evaluate.compile_and_score(specs, fp, ctx, memory, report, run,
-                                                  estimates)
+                                                  standing)
         return outcome, caught[0]
 
     def nonfinite_under(self, ctx: Context, specs: Sequence[Any]) -> str | None:

@@ -67,6 +67,7 @@ from ..evaluation.context import Context
 from ..evaluation.evaluate import error_line
 from ..evaluation.outcome import Outcome
 from ..evaluation.stages import FAILED
+from ..evaluation.standing import NO_STANDING, Standing
 from .base import Base
 from .spawner import Forked, prestart, spawn
 from .transport import package_step, travels
@@ -269,12 +270,12 @@ class Isolation(Base):
 
     def evaluate(self, ctx: Context, specs: Sequence[Any], fp: str, memory: dict[str, int],
                  report: Callable[[int, float], bool] | None, run: bool,
-                 estimates: tuple[float, ...] = ()) -> tuple[Outcome, _logs.LogLines]:
+                 standing: Standing = NO_STANDING) -> tuple[Outcome, _logs.LogLines]:
         """Stage 2 and the objective in the worker; a lost worker fails the candidate."""
-        # The study's recorded estimates change with every trial, so they travel
-        # with the job rather than in the payload written once.
+        # The study's standing changes with every trial, so it travels with
+        # the job rather than in the payload written once.
         job = ("evaluate", ctx.setting, tuple(specs), fp, dict(memory), run,
-               report is not None, tuple(estimates))
+               report is not None, standing)
         try:
             return self._request(ctx, job, report, (ctx,))
         except WorkerLost as lost:

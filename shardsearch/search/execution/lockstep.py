@@ -17,7 +17,7 @@ with it), `beat/Q`, `bye/Q`.
 Example (process 0, inside `optimize`)::
 
     ctx.executor = Lockstep(ctx, Distributed(timeout=30))
-    outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, None, True, estimates=())
+    outcome, log = ctx.executor.evaluate(ctx, specs, fp, memory, None, True, NO_STANDING)
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ..evaluation.context import Context
 from ..evaluation.evaluate import error_line
 from ..evaluation.outcome import Outcome
 from ..evaluation.stages import COMPLETE, FAILED
+from ..evaluation.standing import NO_STANDING, Standing
 from .base import Base
 from .distributed import (
     PROCESS_TIMES_ATTR,
@@ -131,7 +132,7 @@ class Lockstep(Base):
 
     def evaluate(self, ctx: Context, specs: Sequence[Any], fp: str, memory: dict[str, int],
                  report: Callable[[int, float], bool] | None, run: bool,
-                 estimates: tuple[float, ...] = ()) -> tuple[Outcome, _logs.LogLines]:
+                 standing: Standing = NO_STANDING) -> tuple[Outcome, _logs.LogLines]:
         """Stage 2 and the objective in every process; the merged outcome.
 
         `report` is not called: a pruner stopping one process part-way
@@ -141,7 +142,7 @@ class Lockstep(Base):
         self._evaluating = fp, dict(memory)
         try:
             results = self._lead(ctx, ("evaluate", tuple(specs), fp, dict(memory), run,
-                                       tuple(estimates), ctx.setting))
+                                       standing, ctx.setting))
         except PeerLost:
             if self._own_failure is None:
                 raise
@@ -329,9 +330,9 @@ class Lockstep(Base):
         if kind == "start":
             return signature(ctx)
         if kind == "evaluate":
-            _kind, specs, fp, memory, run, estimates, setting = job
+            _kind, specs, fp, memory, run, standing, setting = job
             outcome, log = self.local.evaluate(ctx.with_setting(setting), specs, fp, memory,
-                                               None, run, estimates)
+                                               None, run, standing)
             # The store's messages are small; the count and first line stay whole.
             return outcome, True, _logs.LogLines(log.text[-LOG_CHARS:], log.count, log.first)
         if kind == "nonfinite":

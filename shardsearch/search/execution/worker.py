@@ -11,7 +11,7 @@ to exit, until its study process goes away, or after `IDLE_EXIT` idle
 seconds.
 
 Messages (pickled, over two pipes):
-  study → worker: ("evaluate", specs, fp, memory, run, reports, estimates),
+  study → worker: ("evaluate", setting, specs, fp, memory, run, reports, standing),
     ("nonfinite", specs), ("retime", finalists, rounds),
     ("compare", specs, reference_specs, rtol), ("prune", bool) answering a
     report, ("exit",);
@@ -36,7 +36,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..evaluation.standing import Standing
 
 # Seconds an idle worker waits for work before it exits on its own, so a
 # study abandoned by an exception does not leave it behind for long.
@@ -186,9 +189,9 @@ def serve(ctx: Any, inbox: Connection, outbox: Connection) -> int:
         return report
 
     def evaluate(setting: Any, specs: Any, fp: str, memory: dict[str, int], run: bool,
-                 reports: bool, estimates: tuple[float, ...]) -> tuple[Any, bool]:
+                 reports: bool, standing: Standing) -> tuple[Any, bool]:
         outcome = _evaluate.compile_and_score(specs, fp, ctx.with_setting(setting), memory,
-                                              reporter() if reports else None, run, estimates)
+                                              reporter() if reports else None, run, standing)
         # After a raise or a timed-out compile the worker is not to be trusted
         # with the next candidate; NaN leaves nothing behind.
         return outcome, (outcome.status == FAILED

@@ -96,3 +96,6 @@ FLOPS = "flops"
 """Flops per device per step; absent before compiling."""
 COLLECTIVE_BYTES = "collective_bytes"
 """Bytes moved by collectives per device per step; absent before compiling."""
+BYTES_ACCESSED = "bytes_accessed"
+"""Bytes the program reads and writes per device per step, loops counted;
+absent before compiling (and in trials stored before it was kept)."""

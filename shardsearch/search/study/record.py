@@ -10,7 +10,7 @@ studies recorded before them keeps its form (`outcome_attrs`).
 Beside them, for readers other than shardsearch (optuna-dashboard's tables
 and plots): the outcome's figures as numbers ("status", "cut_stage",
 "value_seconds", "compile_seconds", "memory_total_bytes", "flops",
-"collective_bytes", `figure_attrs`) and the coded parameters decoded
+"collective_bytes", "bytes_accessed", `figure_attrs`) and the coded parameters decoded
 ("readable_auto_order" = "tp,dp", `readable_attrs`). They copy what the
 record holds; `TrialRecord.from_trial` does not read them.
 """
@@ -26,6 +26,7 @@ import optuna
 from ..evaluation.evaluate import over_by_prediction, pool_ratios, prediction_pool
 from ..evaluation.outcome import PREDICTED, PREDICTION_SAMPLES, Outcome
 from ..evaluation.stages import COMPLETE, CUT, FAILED, Stage
+from ..evaluation.standing import Leader
 from . import attrs as _attrs
 from .ownership import INTERRUPTED, LABEL_ATTR, REASON_ATTR
 
@@ -147,7 +148,8 @@ def figure_attrs(outcome: Outcome) -> dict[str, Any]:
     figures = ((_attrs.VALUE_SECONDS, outcome.value),
                (_attrs.MEMORY_TOTAL_BYTES, outcome.memory.get("total")),
                (_attrs.FLOPS, outcome.flops),
-               (_attrs.COLLECTIVE_BYTES, outcome.collective_bytes))
+               (_attrs.COLLECTIVE_BYTES, outcome.collective_bytes),
+               (_attrs.BYTES_ACCESSED, outcome.bytes_accessed))
     out.update((key, value) for key, value in figures if value is not None)
     return out
 
@@ -202,6 +204,29 @@ def recorded_estimates(trials: Iterable[optuna.trial.FrozenTrial]) -> tuple[floa
         key = outcome.get("fingerprint") or f"trial {trial.number}"
         by_candidate.setdefault(key, float(estimate))
     return tuple(sorted(by_candidate.values()))
+
+
+def recorded_leader(trials: Iterable[optuna.trial.FrozenTrial]) -> Leader | None:
+    """The study's best completed trial (the least value; the first on a
+    tie) with its program's costs, or None when no trial completed or the best
+    recorded no flops (a plan that did not compile here, a study from before
+    they were kept): what a timed candidate's program is held against before
+    it runs (`evaluation.standing.Leader.behind`).
+
+    Example:
+      >>> recorded_leader(study.get_trials(deepcopy=False))
+      Leader(trial=15, value=0.781, flops=6.97e9, collective_bytes=5.26e7, bytes_accessed=...)
+    """
+    best = min((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE
+                and t.value is not None),
+               key=lambda t: (t.value, t.number), default=None)
+    if best is None:
+        return None
+    outcome = best.user_attrs.get(_attrs.OUTCOME) or {}
+    if not outcome.get("flops"):
+        return None
+    return Leader(best.number, float(best.value), float(outcome["flops"]),
+                  outcome.get("collective_bytes"), outcome.get("bytes_accessed"))
 
 
 def memory_ratios(trials: Iterable[optuna.trial.FrozenTrial],
