@@ -12,9 +12,9 @@ than the leader's, and clearly more arithmetic, is cut before it runs
 (`Leader.behind`): on the eight simulated CPU devices of `cpu-sim8` a
 candidate cut while timing still cost three quarters of a completed one
 (its compile, its arguments placed, two warm-ups, two timed steps), and the
-34 candidates of its recorded studies that did 1.1x the best's flops or
-more with no fewer collective bytes all ran 1.19x its time or slower
-(`benchmarks/pruning/costs.py`).
+21 timed candidates of its recorded studies that did 1.1x the best's flops
+or more with no fewer collective bytes all ran 1.19x its time or slower
+(`benchmarks/results/pruning/costs-cpu-sim8.md`).
 """
 
 from __future__ import annotations
