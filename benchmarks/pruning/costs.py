@@ -38,6 +38,9 @@ from shardsearch.search import (
     recorded_leader,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from replay import emit, study_rows
+
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
@@ -98,24 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the rule's margin on the flops (the timing cut's, by default)")
     parser.add_argument("--source", help="where the studies came from, for the report")
     args = parser.parse_args(argv)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    rows = []
-    for path in args.storages:
-        if not Path(path).is_file():
-            print(f"costs.py: {path} is not a file; give a suite's studies.db", file=sys.stderr)
-            return 2
-        url = f"sqlite:///{Path(path).resolve()}"
-        for summary in optuna.get_all_study_summaries(url):
-            row = replay(optuna.load_study(study_name=summary.study_name, storage=url),
-                         args.margin)
-            if row is not None:
-                rows.append(row)
-    text = render(rows, args)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    else:
-        print(text)
+    rows = study_rows(args.storages, "costs.py", lambda study: replay(study, args.margin))
+    if rows is None:
+        return 2
+    emit(render(rows, args), args.out)
     return 0
 
 

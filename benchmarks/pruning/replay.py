@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -134,24 +135,38 @@ def main(argv: list[str] | None = None) -> int:
                                          "(e.g. the git command that restores them)")
     args = parser.parse_args(argv)
     rule = SlowerThanBest(args.p, 2, args.margin)
+    rows = study_rows(args.storages, "replay.py", lambda study: replay(study, rule))
+    if rows is None:
+        return 2
+    emit(render(rows, args), args.out)
+    return 0
+
+
+def study_rows(storages: list[str], script: str,
+               row: Callable[[optuna.Study], dict | None]) -> list[dict] | None:
+    """`row(study)` for every study of every storage, those it gives None
+    left out; None, said on stderr, when a storage is not a file."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows = []
-    for path in args.storages:
+    for path in storages:
         if not Path(path).is_file():
-            print(f"replay.py: {path} is not a file; give a suite's studies.db", file=sys.stderr)
-            return 2
+            print(f"{script}: {path} is not a file; give a suite's studies.db", file=sys.stderr)
+            return None
         url = f"sqlite:///{Path(path).resolve()}"
         for summary in optuna.get_all_study_summaries(url):
-            row = replay(optuna.load_study(study_name=summary.study_name, storage=url), rule)
-            if row is not None:
-                rows.append(row)
-    text = render(rows, args)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+            found = row(optuna.load_study(study_name=summary.study_name, storage=url))
+            if found is not None:
+                rows.append(found)
+    return rows
+
+
+def emit(text: str, out: Path | None) -> None:
+    """The report into `out` (its folder made), else on stdout."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
     else:
         print(text)
-    return 0
 
 
 def render(rows: list[dict], args: argparse.Namespace) -> str:
