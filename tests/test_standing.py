@@ -17,7 +17,7 @@ from shardsearch.search import loop as _loop
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.search.setup import make_context
 from shardsearch.search.space.baselines import baseline_candidates
-from shardsearch.search.study.record import figure_attrs, recorded_leader
+from shardsearch.search.study.record import figure_attrs, leader_notes, recorded_leader
 from shardsearch.workloads import get_workload
 
 LEADER = Leader(trial=3, value=0.78, flops=1e9, collective_bytes=5e7, bytes_accessed=2e9)
@@ -67,6 +67,19 @@ def test_the_leader_is_the_best_completed_trial_with_its_programs_costs():
     # The best without flops (an outcome that never compiled here): no leader, not the next.
     study.add_trial(_trial(0.5, Outcome("d", "complete", value=0.5)))
     assert recorded_leader(study.get_trials()) is None
+
+
+def test_a_leader_without_costs_on_record_is_said():
+    study = optuna.create_study()
+    assert leader_notes(study.get_trials(), None) == ()  # nothing completed: nothing to say
+    study.add_trial(_trial(0.5, Outcome("d", "complete", value=0.5)))  # no flops kept
+    trials = study.get_trials()
+    assert recorded_leader(trials) is None
+    assert leader_notes(trials, None)[0].startswith(
+        "the study's best trial has no flops on record")
+    old = Leader(0, 0.5, 1e9, 2e6, None)
+    assert "held against its flops and collective bytes only" in leader_notes(trials, old)[0]
+    assert leader_notes(trials, LEADER) == ()
 
 
 def test_an_outcome_stores_the_bytes_accessed_only_when_known():

@@ -59,6 +59,7 @@ from .study.ownership import (
 from .study.pruner import SlowerThanBest
 from .study.record import (
     TrialRecord,
+    leader_notes,
     memory_ratios,
     record_attrs,
     recorded_estimates,
@@ -622,9 +623,11 @@ class _Runner:
             leads = objective.cuts_behind_leader and report is not None
             trials = (self.study.get_trials(deepcopy=False)
                       if scales or objective.needs_estimates or leads else ())
+            leader = recorded_leader(trials) if leads else None
+            if leads:
+                warn_notes(leader_notes(trials, leader), self.shown)
             standing = Standing(
-                recorded_estimates(trials) if objective.needs_estimates else (),
-                recorded_leader(trials) if leads else None)
+                recorded_estimates(trials) if objective.needs_estimates else (), leader)
             ratios, borrowed = memory_ratios(trials, candidate.knobs) if scales else ((), False)
             # Recorded by the executor if it ends stuck in this candidate.
             with interruptible(), self.ctx.executor.guard(

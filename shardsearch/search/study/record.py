@@ -229,6 +229,28 @@ def recorded_leader(trials: Iterable[optuna.trial.FrozenTrial]) -> Leader | None
                   outcome.get("collective_bytes"), outcome.get("bytes_accessed"))
 
 
+def leader_notes(trials: Iterable[optuna.trial.FrozenTrial], leader: Leader | None,
+                 ) -> tuple[str, ...]:
+    """What the cut on program costs cannot use for `recorded_leader`'s
+    answer, as notes the search warns about once: the study's best trial
+    without flops on record (nothing is cut before it runs), or without bytes
+    accessed (candidates are held against its flops and collective bytes
+    only). Both happen only for trials stored before those were kept.
+    """
+    if leader is None:
+        if any(t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
+               for t in trials):
+            return ("the study's best trial has no flops on record (stored before they "
+                    "were kept), so no searched candidate is cut before it runs until a "
+                    "compiled one beats it",)
+        return ()
+    if leader.bytes_accessed is None:
+        return ("the study's best trial has no bytes accessed on record (stored before "
+                "they were kept), so candidates are held against its flops and collective "
+                "bytes only",)
+    return ()
+
+
 def memory_ratios(trials: Iterable[optuna.trial.FrozenTrial],
                   setting: Iterable[tuple[str, Any]] = ()) -> tuple[tuple[float, ...], bool]:
     """XLA's total bytes per device over stage 1's prediction, for the
