@@ -39,7 +39,7 @@ from shardsearch.search import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay import emit, study_rows
+from replay import better, emit, finalist_numbers, retimed_plans, study_rows
 
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
@@ -50,20 +50,21 @@ def replay(study: optuna.Study, margin: float) -> dict | None:
     records = {t.number: TrialRecord.from_trial(t) for t in trials}
     final = min((t for t in trials if t.state == COMPLETE and t.value is not None),
                 key=lambda t: (t.value, t.number), default=None)
-    retimed = (study.user_attrs.get("result") or {}).get("confirmation") or {}
-    finalists = {int(label.split()[1]) for label in retimed if label.startswith("trial ")}
+    finalists = finalist_numbers(retimed_plans(study))
     row = {"study": study.study_name, "timed": 0, "cuts": [], "saved_cut": 0.0,
            "saved_completed": 0.0, "moved": 0.0, "bytes_accessed": False}
     total = sum(r.seconds for r in records.values() if r is not None)
     cut_time = sum(r.seconds for r in records.values()
                    if r is not None and r.outcome.status == Status.CUT)
-    for i, trial in enumerate(trials):
+    best = None  # the best trial completed before this one
+    for trial in trials:
         record = records[trial.number]
+        # The search's leader is the best completed trial before it (`better`'s
+        # first on a tie is `recorded_leader`'s) with its costs, if it has them.
+        leader = None if best is None else recorded_leader([best])
+        best = better(best, trial)
         if (record is None or not trial.params or record.outcome.cache_hit
-                or not record.outcome.step_times):
-            continue
-        leader = recorded_leader(trials[:i])
-        if leader is None:
+                or not record.outcome.step_times or leader is None):
             continue
         o = record.outcome
         row["timed"] += 1

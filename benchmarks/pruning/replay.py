@@ -44,8 +44,8 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
         return None
     final_best = min((t for t in trials if t.state == COMPLETE), key=lambda t: t.value,
                      default=None)
-    retimed = (study.user_attrs.get("result") or {}).get("confirmation") or {}
-    finalists = {_number(label) for label in retimed} - {None}
+    retimed = retimed_plans(study)
+    finalists = finalist_numbers(retimed)
     row = {"study": study.study_name, "timed": 0, "recorded_cuts": [],
            "swings": swings(trials, retimed),
            "rule_cuts": [], "cuts_completed": [], "later": 0, "saved_cut": 0.0,
@@ -59,7 +59,7 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
         record = records[trial.number]
         steps = tuple(trial.intermediate_values.values())
         if record is None or not steps or best is None:
-            best = _better(best, trial)
+            best = better(best, trial)
             continue
         row["timed"] += 1
         # A cut after the last repeat stops nothing: the trial completes.
@@ -81,7 +81,7 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
                  trial.number in finalists))
             row["saved_completed"] += saved
             row["moved"] += record.seconds - saved  # now time on a cut trial
-        best = _better(best, trial)
+        best = better(best, trial)
     row["total"] = total
     new_total = total - row["saved_cut"] - row["saved_completed"]
     row["share"] = cut_time / total if total else None
@@ -90,7 +90,17 @@ def replay(study: optuna.Study, rule: SlowerThanBest) -> dict | None:
     return row
 
 
-def _better(best: optuna.trial.FrozenTrial | None,
+def retimed_plans(study: optuna.Study) -> dict:
+    """The plans the study re-timed at its end, by label, with their timings."""
+    return (study.user_attrs.get("result") or {}).get("confirmation") or {}
+
+
+def finalist_numbers(retimed: dict) -> set[int]:
+    """The trial numbers among the re-timed plans' labels (baselines have none)."""
+    return {_number(label) for label in retimed} - {None}
+
+
+def better(best: optuna.trial.FrozenTrial | None,
             trial: optuna.trial.FrozenTrial) -> optuna.trial.FrozenTrial | None:
     """`trial` when it completed with a lower value than `best` (the first
     on a tie), else `best`."""
