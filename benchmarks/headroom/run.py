@@ -108,8 +108,12 @@ def _group(suite: Any, workload: Any, records: list[dict[str, Any]],
 
     def add(label: str, specs: Any, own: Any, fp: str) -> str:
         if fp not in label_of:
-            label_of[fp] = label
-            finalists.append((label, specs, own))
+            # Two programs of one name (an entry's expert recorded unpinned,
+            # another's pinned) are two finalists, labelled apart.
+            taken = set(label_of.values())
+            label_of[fp] = next(f"{label} ({n})" for n in range(1, len(taken) + 2)
+                                if f"{label} ({n})" not in taken) if label in taken else label
+            finalists.append((label_of[fp], specs, own))
         return label_of[fp]
 
     roles = []
@@ -120,7 +124,7 @@ def _group(suite: Any, workload: Any, records: list[dict[str, Any]],
             fp = prep["plans"][role]["fingerprint"]
             name = reference if role == reference else f"{entry} winner"
             timed[role] = add(name, prep["specs"][role], prep["contexts"].get(role, ctx), fp)
-        roles.append((record, reference, timed))
+        roles.append((record, reference, timed, prep))
     baselines = baseline_candidates(workload, mesh)
     dp = pin_batch({"dp": baselines["dp"]}, ctx.builds, ctx.abstract_args,
                    dict(mesh.shape))["dp"]
@@ -146,11 +150,12 @@ def _group(suite: Any, workload: Any, records: list[dict[str, Any]],
 
     excess = timings["opt_full"].median - timings["opt_split"].median
     out = []
-    for record, reference, timed in roles:
+    for record, reference, timed, prep in roles:
         best, winner, floor = row(timed[reference]), row(timed["winner"]), row("floor")
         derived = timings["floor"].median - excess
         out.append({
             "entry": record["entry"]["id"], "best_expert": reference,
+            "best_expert_knobs": prep["plans"][reference].get("knobs") or {},
             "winner_source": next(p.get("source") for p in record["plans"]
                                   if p["label"] == "winner"),
             "seconds": {"best_expert": best["median_seconds"],
