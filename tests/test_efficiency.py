@@ -2,29 +2,23 @@
 the table, the refine stage and the replay, on mlp:tiny with planted values."""
 
 import collections
-import importlib.util
 import itertools
 import json
 import math
-from pathlib import Path
 
 import optuna
 import pytest
+from bench_scripts import load_script
 
 import shardsearch as ss
 from shardsearch.search import make_context, make_space
 from shardsearch.search.evaluation import evaluate as _evaluate
 from shardsearch.workloads import get_workload
 
-RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "efficiency" / "run.py"
-
 
 @pytest.fixture(scope="module")
 def run():
-    spec = importlib.util.spec_from_file_location("efficiency_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/efficiency/run.py", "efficiency_run")
 
 
 @pytest.fixture(scope="module")

@@ -2,29 +2,23 @@
 no collective and gives each device the step on its own share of the batch;
 the optimizer step does the update and nothing else."""
 
-import importlib.util
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
+from bench_scripts import load_script
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardsearch as ss
 from shardsearch.workloads import get_workload
 
-RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "headroom" / "run.py"
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                "collective-permute")
 
 
 @pytest.fixture(scope="module")
 def run():
-    spec = importlib.util.spec_from_file_location("headroom_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/headroom/run.py", "headroom_run")
 
 
 @pytest.mark.parametrize("names,dims", [(("dp",), (8,)), (("dp", "tp"), (2, 4))])
