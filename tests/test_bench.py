@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from bench_scripts import load_script
 from child_env import child_env
 
 import shardsearch as ss
@@ -604,10 +605,7 @@ def test_winner_changes_are_recorded_afterwards_as_the_run_records_them(ran, tmp
 
 
 def _load_recheck():
-    spec = importlib.util.spec_from_file_location("recheck", REPO / "benchmarks/recheck/run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/recheck/run.py", "recheck")
 
 
 def test_the_report_shows_each_recheck_beside_its_headline(ran, tmp_path):

@@ -1,29 +1,14 @@
 """benchmarks/fidelity/run.py: a tiny study end to end, its resume, its refusals and
 its statistics."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from bench_scripts import load_script
 
 import shardsearch as ss
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "fidelity_run", REPO / "benchmarks/fidelity/run.py")
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclass reads its own module's namespace while the class is built.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fidelity_run = _script()
+fidelity_run = load_script("benchmarks/fidelity/run.py", "fidelity_run")
 
 
 @pytest.fixture(scope="module")

@@ -149,10 +149,10 @@ def _group(suite: Any, workload: Any, records: list[dict[str, Any]],
                 "median_seconds": t.median, "times": list(t.times)}
 
     excess = timings["opt_full"].median - timings["opt_split"].median
+    derived = timings["floor"].median - excess
     out = []
     for record, reference, timed, prep in roles:
         best, winner, floor = row(timed[reference]), row(timed["winner"]), row("floor")
-        derived = timings["floor"].median - excess
         out.append({
             "entry": record["entry"]["id"], "best_expert": reference,
             "best_expert_knobs": prep["plans"][reference].get("knobs") or {},
@@ -172,8 +172,7 @@ def _group(suite: Any, workload: Any, records: list[dict[str, Any]],
             "floor_vs_best": speedup(floor, best),
             "derived_floor": derived,
             "derived_ceiling": best["median_seconds"] / derived,
-            "allreduce": timings[dp_label].median
-            - timings["floor"].median,
+            "allreduce": timings[dp_label].median - timings["floor"].median,
             "timed_as": dict(timed)})
     return out
 
