@@ -1,8 +1,9 @@
 """A timed candidate held against the study's best trial before it runs.
 
-`Leader.behind` (`search/evaluation/standing.py`): a program doing at least
-1.1x the best trial's flops per device and moving no fewer bytes is cut at
-the estimate stage instead of being placed, warmed up and timed; the loop
+`Leader.behind` (`search/evaluation/standing.py`): a program moving no fewer
+bytes than the best trial's and doing at least 1.1x its flops per device, or
+as many flops and 1.5x its bytes accessed, is cut at the estimate stage
+instead of being placed, warmed up and timed; the loop
 gives each searched trial the study's best trial (`recorded_leader`).
 """
 
@@ -23,22 +24,34 @@ from shardsearch.workloads import get_workload
 LEADER = Leader(trial=3, value=0.78, flops=1e9, collective_bytes=5e7, bytes_accessed=2e9)
 
 
+FLOPS, TRAFFIC = "flops", "traffic"
+
+
 @pytest.mark.parametrize("flops, collective, accessed, cut", [
-    (1.10e9, 5e7, 2e9, True),       # 1.1x the flops, the same bytes
-    (2.00e9, 9e7, 3e9, True),       # more of everything
-    (1.09e9, 9e7, 3e9, False),      # within the margin of the flops
-    (2.00e9, 4e7, 3e9, False),      # fewer collective bytes: it may win there
-    (2.00e9, 9e7, 1e9, False),      # fewer bytes from memory: it may win there
-    (2.00e9, None, None, True),     # a figure not known is not compared
-    (None, 9e7, 3e9, False),        # without flops nothing is said
+    (1.10e9, 5e7, 2e9, FLOPS),      # 1.1x the flops, the same bytes
+    (2.00e9, 9e7, 3e9, FLOPS),      # more of everything
+    (1.09e9, 9e7, 2.9e9, None),     # within the margins of the flops and the bytes
+    (2.00e9, 4e7, 3e9, None),       # fewer collective bytes: it may win there
+    (2.00e9, 9e7, 1e9, None),       # fewer bytes from memory: it may win there
+    (2.00e9, None, None, FLOPS),    # a figure not known is not compared
+    (None, 9e7, 3e9, None),         # without flops nothing is said
+    (1.00e9, 5e7, 3e9, TRAFFIC),    # as many flops, 1.5x the bytes accessed
+    (0.995e9, 5e7, 4e9, TRAFFIC),   # flops within 1% count as as many
+    (0.98e9, 5e7, 4e9, None),       # 2% fewer flops: it may win there
+    (1.00e9, 4e7, 4e9, None),       # fewer collective bytes
+    (1.00e9, 5e7, None, None),      # bytes accessed not known: no traffic to compare
 ])
-def test_a_program_behind_the_leader_does_more_arithmetic_and_moves_no_less(
+def test_a_program_behind_the_leader_does_clearly_more_work_and_no_less_of_any(
         flops, collective, accessed, cut):
     why = LEADER.behind(flops, collective, accessed)
-    assert (why is not None) == cut
-    if cut:
+    assert (why is not None) == (cut is not None)
+    if cut == FLOPS:
         assert why.startswith(f"its program does {flops / 1e9:.2f}x the flops per device of "
                               "the best so far (trial 3, 780 ms)")
+    if cut == TRAFFIC:
+        assert why == (f"its program reads and writes {accessed / 2e9:.2f}x the bytes per "
+                       "device of the best so far (trial 3, 780 ms), with as many flops and "
+                       "no fewer collective bytes")
 
 
 def test_a_leader_without_recorded_bytes_compares_the_flops_and_what_it_has():
@@ -46,6 +59,8 @@ def test_a_leader_without_recorded_bytes_compares_the_flops_and_what_it_has():
     assert old.behind(1.2e9, 0.0, 0.0) is not None
     assert Leader(2, 0.5, 1e9, collective_bytes=1e6).behind(1.2e9, 0.0, None) is None
     assert LEADER.behind(1.2e9, 5e7, 2e9, margin=0.25) is None
+    assert LEADER.behind(1e9, 5e7, 3e9, traffic_margin=0.6) is None
+    assert old.behind(1e9, 0.0, 9e9) is None  # no bytes accessed of its own to compare
 
 
 def _trial(value, outcome, state=optuna.trial.TrialState.COMPLETE):

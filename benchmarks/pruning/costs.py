@@ -3,7 +3,8 @@ candidates would `Leader.behind` have cut before they ran, and were they
 really slower?
 
 Nothing runs. Each searched trial that was timed (it has steps, and is not a
-cached copy) is set against the study's best trial completed before it
+cached copy; baselines, which the search never holds against the leader, are
+left out) is set against the study's best trial completed before it
 (`recorded_leader` on the trials numbered before it: a suite's studies run
 one process each) and the rule is asked with the trial's recorded flops,
 collective bytes and bytes accessed (studies recorded before the bytes
@@ -31,6 +32,7 @@ from pathlib import Path
 import optuna
 
 from shardsearch.search import (
+    TRAFFIC_MARGIN,
     SlowerThanBest,
     Stage,
     Status,
@@ -44,7 +46,7 @@ from replay import better, emit, finalist_numbers, retimed_plans, study_rows
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
-def replay(study: optuna.Study, margin: float) -> dict | None:
+def replay(study: optuna.Study, margin: float, traffic_margin: float) -> dict | None:
     """The study's row, or None when no searched trial was timed."""
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     records = {t.number: TrialRecord.from_trial(t) for t in trials}
@@ -63,19 +65,24 @@ def replay(study: optuna.Study, margin: float) -> dict | None:
         # first on a tie is `recorded_leader`'s) with its costs, if it has them.
         leader = None if best is None else recorded_leader([best])
         best = better(best, trial)
-        if (record is None or not trial.params or record.outcome.cache_hit
+        # Baselines are timed whatever the leader (the search holds only its
+        # own proposals against it); those with readings have params too.
+        if (record is None or record.label != "search" or record.outcome.cache_hit
                 or not record.outcome.step_times or leader is None):
             continue
         o = record.outcome
         row["timed"] += 1
         row["bytes_accessed"] |= o.bytes_accessed is not None
-        if leader.behind(o.flops, o.collective_bytes, o.bytes_accessed, margin) is None:
+        if leader.behind(o.flops, o.collective_bytes, o.bytes_accessed, margin,
+                         traffic_margin) is None:
             continue
         saved = sum(o.warmup_times) + sum(o.step_times)
         ratio = statistics.median(o.step_times) / leader.value
         timed_cut = o.status == Status.CUT and o.cut_stage == Stage.MEASURE
         row["cuts"].append({
             "trial": trial.number, "ratio": ratio, "flops": o.flops / leader.flops,
+            "traffic": (o.bytes_accessed / leader.bytes_accessed
+                        if o.bytes_accessed and leader.bytes_accessed else None),
             "ended": "cut while timed" if timed_cut else o.status.value,
             "best": final is not None and trial.number == final.number,
             "finalist": trial.number in finalists, "within": ratio < 1 + margin})
@@ -100,9 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the report here (else stdout)")
     parser.add_argument("--margin", type=float, default=SlowerThanBest().margin,
                         help="the rule's margin on the flops (the timing cut's, by default)")
+    parser.add_argument("--traffic-margin", type=float, default=TRAFFIC_MARGIN,
+                        help="the rule's margin on the bytes accessed (the search's, by "
+                             "default)")
     parser.add_argument("--source", help="where the studies came from, for the report")
     args = parser.parse_args(argv)
-    rows = study_rows(args.storages, "costs.py", lambda study: replay(study, args.margin))
+    rows = study_rows(args.storages, "costs.py", lambda study: replay(study, args.margin,
+                                                                    args.traffic_margin))
     if rows is None:
         return 2
     emit(render(rows, args), args.out)
@@ -112,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 def render(rows: list[dict], args: argparse.Namespace) -> str:
     command = "python benchmarks/pruning/costs.py " + " ".join(args.storages) + (
         f" --margin {args.margin}" if args.margin != SlowerThanBest().margin else "") + (
+        f" --traffic-margin {args.traffic_margin}" if args.traffic_margin != TRAFFIC_MARGIN
+        else "") + (
         f" --out {args.out}" if args.out else "")
     if args.source:
         command += f' --source "{args.source}"'
@@ -122,12 +135,14 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
         "# The cut on program costs replayed on recorded studies", "",
         f"`{command}`. Nothing ran: each searched trial that was timed is set against the "
-        "best trial completed before it, and cut when its program did at least "
-        f"{1 + args.margin:g}x that trial's flops per device and no fewer bytes "
+        "best trial completed before it, and cut when its program moved no fewer bytes "
+        f"and did at least {1 + args.margin:g}x that trial's flops per device, or as many "
+        f"flops and at least {1 + args.traffic_margin:g}x its bytes accessed "
         f"(`Leader.behind`; compared here: {compared}).",
         *(["", f"The studies: {args.source}."] if args.source else []), "",
         "- *timed*: searched trials that were timed, with a completed trial before them.",
-        "- *cut by the rule*: trial (its flops over the leader's; its recorded median over "
+        "- *cut by the rule*: trial (its flops over the leader's, and its bytes accessed "
+        "where recorded; its recorded median over "
         "the leader's value; how it ended). **within** marks a median within the margin of "
         "the leader's, **best** the study's best trial, **finalist** one it re-timed at "
         "its end: the cuts the rule must not make.",
@@ -139,7 +154,9 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
     ]
     for r in rows:
         cuts = "; ".join(
-            f"{c['trial']} ({c['flops']:.2f}x flops, {c['ratio']:.2f}x time, {c['ended']}"
+            f"{c['trial']} ({c['flops']:.2f}x flops, "
+            + (f"{c['traffic']:.2f}x bytes, " if c["traffic"] is not None else "")
+            + f"{c['ratio']:.2f}x time, {c['ended']}"
             + "".join(f", **{flag}**" for flag in ("within", "best", "finalist") if c[flag])
             + ")" for c in r["cuts"]) or "-"
         lines.append(f"| {r['study']} | {r['timed']} | {cuts} | {r['total']:.0f} → "

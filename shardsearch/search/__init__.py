@@ -13,7 +13,8 @@ is behind it, laid out by job (docs/architecture.md):
   interleaved re-timing (`retime`, `Timing`, `median_ci`, `faster_than`) and
   the output check (`compare_outputs`), and what a trial is judged against
   besides itself (`Standing`: the study's recorded estimates and its best
-  trial, a `Leader`, whose program a timed candidate's is held against;
+  trial, a `Leader`, whose program a timed candidate's is held against,
+  `TRAFFIC_MARGIN` its margin on memory traffic;
   `recorded_leader` finds it in a study's trials).
 - `execution/`: where candidates run: the `Executor` protocol, `InProcess`.
 - `study/`: `TrialRecord`, `make_sampler`, the timing cut
@@ -73,6 +74,7 @@ from .evaluation.outcome import Outcome as Outcome
 from .evaluation.outcome import fingerprint as fingerprint
 from .evaluation.stages import Stage as Stage
 from .evaluation.stages import Status as Status
+from .evaluation.standing import TRAFFIC_MARGIN as TRAFFIC_MARGIN
 from .evaluation.standing import Leader as Leader
 from .evaluation.standing import Standing as Standing
 from .execution.base import Executor as Executor
@@ -103,6 +105,7 @@ from .study.storage import make_sampler as make_sampler
 
 __all__ = [
     "OBJECTIVES",
+    "TRAFFIC_MARGIN",
     "Candidate",
     "Context",
     "Executor",
