@@ -122,3 +122,39 @@ def test_a_candidate_slower_than_a_baseline_is_cut_after_two_steps(mesh24, tmp_p
     assert all(len(t.outcome.step_times) == 6 for t in result.trials
                if t.label != "search" and t.outcome.step_times and not t.outcome.cache_hit)
     assert isinstance(result.study.pruner, SlowerThanBest)
+
+
+@pytest.mark.parametrize("stops, warmups, timed", [
+    (1, 2, 0),   # stopped at the second warm-up: the third never runs, nothing is timed
+    (3, 3, 1),   # stopped at the first timed step
+])
+def test_the_warm_ups_after_the_first_are_reported_before_the_timed_steps(mesh24, stops,
+                                                                          warmups, timed):
+    # A steady warm-up is evidence for the timing cut: a candidate the cut
+    # stops at its second report stops one timed step earlier than when only
+    # the timed steps were reported; one stopped at a warm-up times nothing.
+    from shardsearch.search.evaluation.stages import COMPLETE
+    from shardsearch.search.setup import make_context
+    from shardsearch.search.space.baselines import baseline_candidates
+
+    workload = get_workload("mlp:tiny")
+    ctx, _ = make_context(workload, None, mesh24, warmup=3, repeats=4)
+    specs, fp = _evaluate.resolve(baseline_candidates(workload, mesh24)["dp"], ctx)
+    reports = []
+
+    def report(i, seconds):
+        reports.append((i, seconds))
+        return len(reports) == stops
+
+    cut = _evaluate.evaluate(specs, fp, ctx, report)
+    assert cut.status == CUT and cut.cut_stage is Stage.MEASURE
+    assert (len(cut.warmup_times), len(cut.step_times)) == (warmups, timed)
+    # The first warm-up (the executable's first run) is never reported.
+    steady = [*cut.warmup_times[1:], *cut.step_times]
+    assert reports == list(enumerate(steady)) and len(reports) == stops
+    assert cut.reason.startswith(f"significantly slower than the best so far after {stops} "
+                                 f"steady step{'s' if stops != 1 else ''} (median ")
+    reports.clear()
+    done = _evaluate.evaluate(specs, fp, ctx, lambda i, s: reports.append(i) and False)
+    assert done.status == COMPLETE and len(done.step_times) == 4
+    assert reports == list(range(2 + 4))

@@ -634,7 +634,9 @@ def measure(
     """Stage 3: times the compiled step on fresh buffers, state donated.
 
     A candidate whose outputs hold NaN or Inf after the warm-up (or after
-    the timed steps) fails with a reason that starts with `NONFINITE`.
+    the timed steps) fails with a reason that starts with `NONFINITE`. One
+    that `report` stops is cut; its reason counts its steady steps (those
+    `time_steps` reports: the warm-ups after the first, then the timed ones).
     """
     if ctx.host_args is None:
         raise ValueError("the measured objective needs concrete arguments")
@@ -645,11 +647,13 @@ def measure(
         return Outcome(status=FAILED, reason=f"{NONFINITE}: {err}",
                        warmup_times=tuple(warmups), **base)
     if len(times) < ctx.repeats:
+        steady = [*warmups[1:], *times]
         return Outcome(
             status=CUT, cut_stage=Stage.MEASURE, step_times=tuple(times),
             warmup_times=tuple(warmups),
-            reason=f"significantly slower than the best so far after {len(times)} repeats "
-                   f"(median {statistics.median(times):.4g} s)", **base)
+            reason=f"significantly slower than the best so far after {len(steady)} steady "
+                   f"step{'s' if len(steady) != 1 else ''} (median "
+                   f"{statistics.median(steady):.4g} s)", **base)
     return Outcome(status=COMPLETE, value=statistics.median(times), step_times=tuple(times),
                    warmup_times=tuple(warmups), **base)
 
@@ -686,10 +690,17 @@ def time_steps(
     warmups: list[float] | None = None,
 ) -> list[float]:
     """Runs warm-ups then up to `repeats` timed steps through the monitored
-    wrapper; stops early when `report` says so. The state output feeds the
-    next step, as in training. Each warm-up's seconds are appended to
-    `warmups` when given: they are steps too, untimed by design (the first
-    also finishes what the runtime does on an executable's first run).
+    wrapper. The state output feeds the next step, as in training. Each
+    warm-up's seconds are appended to `warmups` when given: they are steps
+    too, untimed by design (the first also finishes what the runtime does on
+    an executable's first run).
+
+    `report(i, seconds)` is told each steady step, numbered from 0: the
+    warm-ups after the first, then the timed steps; when it returns True the
+    run stops there (with no timed step, if a warm-up stopped it). A steady
+    warm-up is a step like a timed one (on cpu-sim8 within a few percent of
+    the timed steps' median), so a candidate that the timing cut would stop
+    after its second timed step stops a step earlier.
 
     Raises:
       NonFinite: the outputs hold NaN or Inf after the warm-ups or at the end.
@@ -697,18 +708,23 @@ def time_steps(
     monitored = compiled.monitored
     args = tuple(place(specs, ctx))
     result = None
-    for _ in range(ctx.warmup):
+    steady = 0  # steady steps reported so far
+    for k in range(ctx.warmup):
         result, metrics = monitored(*args)
         if warmups is not None:
             warmups.append(metrics["execution_time"])
         args = next_step(result, args)
         progress(ctx, "step")
+        if k and report is not None:
+            steady += 1
+            if report(steady - 1, metrics["execution_time"]):
+                return []
     if result is not None:
         check_finite(result, f"after {ctx.warmup} warm-up step(s)")
 
     def on_repeat(i: int, metrics: dict[str, Any]) -> bool:
         progress(ctx, "step")
-        return report is not None and bool(report(i, metrics["execution_time"]))
+        return report is not None and bool(report(steady + i, metrics["execution_time"]))
 
     result, timed = monitored.repeat(*args, repeats=repeats, warmup=0, feed=next_step,
                                      on_repeat=on_repeat)

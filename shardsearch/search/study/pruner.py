@@ -1,9 +1,10 @@
 """When a candidate being timed is slower than the best: the study's pruner.
 
-A timed candidate reports each step's seconds as the trial's intermediate
-values; the pruner cuts it once a one-sided rank-sum (Mann-Whitney U) test
-says its steps so far are slower than the best recorded trial's timed steps
-made `margin` slower (10%).
+A timed candidate reports each steady step's seconds as the trial's
+intermediate values (its warm-ups after the first, then its timed steps:
+`evaluate.time_steps`); the pruner cuts it once a one-sided rank-sum
+(Mann-Whitney U) test says its steps so far are slower than the best
+recorded trial's steps made `margin` slower (10%).
 
 Why a margin: a trial's steps are timed minutes apart from the best's, and
 the interleaved re-timing of the finalists at the end can reverse a search
@@ -123,8 +124,10 @@ class SlowerThanBest(optuna.pruners.BasePruner):
 
 
 def timed_steps(trial: optuna.trial.FrozenTrial) -> tuple[float, ...]:
-    """A completed trial's timed steps, in seconds: its intermediate values,
-    else its recorded outcome's step times; empty when it has neither."""
+    """A completed trial's steady steps, in seconds: its intermediate values
+    (its steady warm-ups and timed steps), else its recorded outcome's step
+    times (a baseline's or a cached copy's: timed steps only); empty when it
+    has neither."""
     if trial.intermediate_values:
         return tuple(trial.intermediate_values.values())
     record = TrialRecord.from_trial(trial)
