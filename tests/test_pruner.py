@@ -9,7 +9,9 @@ import pytest
 import shardsearch as ss
 from shardsearch.base.warnings import ShardsearchWarning
 from shardsearch.search.evaluation import evaluate as _evaluate
-from shardsearch.search.evaluation.stages import CUT, Stage
+from shardsearch.search.evaluation.stages import COMPLETE, CUT, Stage
+from shardsearch.search.setup import make_context
+from shardsearch.search.space.baselines import baseline_candidates
 from shardsearch.search.study.pruner import SlowerThanBest
 from shardsearch.workloads import get_workload
 
@@ -133,10 +135,6 @@ def test_the_warm_ups_after_the_first_are_reported_before_the_timed_steps(mesh24
     # A steady warm-up is evidence for the timing cut: a candidate the cut
     # stops at its second report stops one timed step earlier than when only
     # the timed steps were reported; one stopped at a warm-up times nothing.
-    from shardsearch.search.evaluation.stages import COMPLETE
-    from shardsearch.search.setup import make_context
-    from shardsearch.search.space.baselines import baseline_candidates
-
     workload = get_workload("mlp:tiny")
     ctx, _ = make_context(workload, None, mesh24, warmup=3, repeats=4)
     specs, fp = _evaluate.resolve(baseline_candidates(workload, mesh24)["dp"], ctx)

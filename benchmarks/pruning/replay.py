@@ -1,11 +1,13 @@
 """Replays the timing cut on recorded studies: when would `SlowerThanBest`
 have cut each timed candidate, against what the recorded pruner did?
 
-Nothing runs: each searched trial that reported its timed steps is set
-against the best trial completed before it (by trial number: a suite's
-studies run one process each), and the rule is asked after each of its
-recorded steps, from the second to the one before the last (a cut after the
-last stops nothing: the trial completes, as it does in the search). Per
+Nothing runs: each searched trial that reported its steps (its timed steps;
+in studies from b5fb3ac on, its warm-ups after the first before them, as
+the search reports them) is set against the best trial completed before
+it (by trial number: a suite's studies run one process each), and the rule
+is asked after each of its recorded steps, from the second to the one
+before the last (a cut after the last stops nothing: the trial completes,
+as it does in the search). Per
 study it reports the trials the recorded pruner cut while timing and after
 how many steps, when the rule would have cut them, the completed trials it
 would have cut (and whether one was the study's best, or a finalist it

@@ -709,19 +709,17 @@ def time_steps(
     monitored = compiled.monitored
     args = tuple(place(specs, ctx))
     result = None
-    steady = 0  # steady steps reported so far
     for k in range(ctx.warmup):
         result, metrics = monitored(*args)
         if warmups is not None:
             warmups.append(metrics["execution_time"])
         args = next_step(result, args)
         progress(ctx, "step")
-        if k and report is not None:
-            steady += 1
-            if report(steady - 1, metrics["execution_time"]):
-                return []
+        if k and report is not None and report(k - 1, metrics["execution_time"]):
+            return []
     if result is not None:
         check_finite(result, f"after {ctx.warmup} warm-up step(s)")
+    steady = max(ctx.warmup - 1, 0)  # the warm-ups reported before the timed steps
 
     def on_repeat(i: int, metrics: dict[str, Any]) -> bool:
         progress(ctx, "step")
